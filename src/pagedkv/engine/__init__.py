@@ -1,0 +1,1 @@
+"""Scheduler, step plans, model runner, sampler, request state and the LLM API."""

@@ -1,0 +1,75 @@
+"""Typed errors of pagedkv.
+
+Every contract violation raises one of these, never a sentinel value or a bare ``assert``.
+A call that raises has changed nothing (see KVM-001): callers may catch and retry.
+"""
+
+from __future__ import annotations
+
+
+class PagedKVError(Exception):
+    """Base class of every error pagedkv raises on purpose."""
+
+
+class InvalidRequest(PagedKVError, ValueError):
+    """An argument is out of its documented range (negative count, bad page size, ...)."""
+
+
+class OutOfPages(PagedKVError):
+    """An allocation needs more pages than are free or evictable right now.
+
+    Attributes:
+        needed: pages the allocation would have taken.
+        available: pages that were free or evictable for it.
+    """
+
+    def __init__(self, needed: int, available: int) -> None:
+        super().__init__(f"allocation needs {needed} pages but only {available} are available")
+        self.needed = needed
+        self.available = available
+
+
+class UnknownSequence(PagedKVError, KeyError):
+    """The sequence id was never allocated (or was freed long enough ago to be forgotten)."""
+
+    def __init__(self, seq_id: int) -> None:
+        super().__init__(f"unknown sequence id {seq_id}")
+        self.seq_id = seq_id
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DoubleFree(UnknownSequence):
+    """The sequence id was already freed: its pages were returned once and only once."""
+
+    def __str__(self) -> str:
+        return f"sequence id {self.seq_id} was already freed"
+
+
+class DuplicateSequence(PagedKVError):
+    """A sequence id is allocated while it still holds pages."""
+
+    def __init__(self, seq_id: int) -> None:
+        super().__init__(f"sequence id {seq_id} is already allocated")
+        self.seq_id = seq_id
+
+
+class PagesInUse(PagedKVError):
+    """An operation that needs an idle pool (prefix-cache reset) found pages held by sequences."""
+
+    def __init__(self, pages_in_use: int) -> None:
+        super().__init__(f"{pages_in_use} pages are still held by sequences")
+        self.pages_in_use = pages_in_use
+
+
+class InvariantViolation(PagedKVError):
+    """``check_invariants`` found the manager's state inconsistent: a bug in the backend."""
+
+
+class CheckpointError(PagedKVError):
+    """A model directory is missing a file, a tensor or a config field, or has the wrong shape."""
+
+
+class UnsupportedModel(CheckpointError):
+    """The checkpoint's architecture or a config option is not one pagedkv implements."""

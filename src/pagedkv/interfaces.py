@@ -1,0 +1,333 @@
+"""The Protocols that separate pagedkv's rooms, and the frozen objects that cross between them.
+
+Three separations carry the design (see ``specs/``):
+
+* logical vs physical: a sequence sees token positions ``0..n``; only its :class:`PageTable`
+  knows which physical page holds each one;
+* resources vs storage: a :class:`KVManager` owns pages, reference counts, prefix reuse and
+  eviction and never touches a tensor; a :class:`PagedStore` writes K/V into page tensors and
+  reads them back for attention and never decides who owns a page;
+* orchestration vs computation: an :class:`Engine` decides what runs each step and hands the
+  model an explicit plan.
+
+This module must stay importable without torch, so a KVManager backend never pulls it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from pagedkv.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    import torch
+
+#: Capability names a :class:`Backend` may declare. Conformance tests that need one are skipped,
+#: with the reason, for a backend that does not declare it.
+CAPABILITIES: frozenset[str] = frozenset(
+    {
+        "prefix_caching",  # match_prefix can hit, commit publishes pages
+        "eviction",  # cached free pages are evicted LRU when the free list runs dry
+        "reset",  # reset_prefix_cache is supported
+        "paged_store",  # create_paged_store returns a PagedStore
+        "model",  # create_model_runner runs a Qwen3 checkpoint (golden tests)
+        "engine",  # create_engine returns an Engine
+        "cuda",  # the store / model can run on a CUDA device
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class KVManagerConfig:
+    """How a KVManager's page pool is shaped.
+
+    Attributes:
+        num_pages: physical pages in the pool, at least 1.
+        page_size: token positions per page, at least 1.
+        enable_prefix_caching: when false, nothing is ever published or matched, so every
+            request computes its whole prompt (the baseline for comparisons).
+    """
+
+    num_pages: int
+    page_size: int
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_pages < 1:
+            raise InvalidRequest(f"num_pages must be >= 1, got {self.num_pages}")
+        if self.page_size < 1:
+            raise InvalidRequest(f"page_size must be >= 1, got {self.page_size}")
+
+
+@dataclass(frozen=True, slots=True)
+class PageTable:
+    """One sequence's map from logical pages to physical pages (KVM-005).
+
+    Attributes:
+        seq_id: the sequence it belongs to.
+        page_size: token positions per page.
+        pages: ``pages[i]`` is the physical page holding logical page ``i``.
+        num_tokens: token positions reserved for the sequence; ``len(pages)`` is exactly
+            ``ceil(num_tokens / page_size)``.
+    """
+
+    seq_id: int
+    page_size: int
+    pages: tuple[int, ...]
+    num_tokens: int
+
+    def slot(self, position: int) -> int:
+        """Flat slot index of token ``position``: ``page * page_size + offset`` (KVM-005)."""
+        if not 0 <= position < self.num_tokens:
+            raise InvalidRequest(
+                f"position {position} outside the {self.num_tokens} reserved positions "
+                f"of sequence {self.seq_id}"
+            )
+        page, offset = divmod(position, self.page_size)
+        return self.pages[page] * self.page_size + offset
+
+    def slots(self, start: int, stop: int) -> list[int]:
+        """Slots of positions ``start..stop-1``, in order."""
+        return [self.slot(p) for p in range(start, stop)]
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """What :meth:`KVManager.allocate` did for a new sequence.
+
+    Attributes:
+        page_table: the sequence's page table after the call.
+        num_cached_tokens: leading prompt tokens whose K/V were found in the prefix cache and
+            need not be computed; a multiple of the page size, and less than the prompt length.
+        num_new_pages: pages taken from the free list or by eviction (not by a prefix hit).
+    """
+
+    page_table: PageTable
+    num_cached_tokens: int
+    num_new_pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class KVStats:
+    """A snapshot of a KVManager's accounting (KVM-030).
+
+    ``pages_in_use + pages_free + pages_cached == num_pages`` at every moment (KVM-010).
+
+    Attributes:
+        num_pages: pages in the pool.
+        pages_in_use: pages held by at least one sequence.
+        pages_free: pages on the free list: unheld and holding no reusable prefix.
+        pages_cached: unheld pages that keep a published prefix entry, reusable until evicted.
+        pages_indexed: pages with a published prefix entry, held or not.
+        query_tokens: prompt tokens looked up by ``allocate`` since creation.
+        hit_tokens: of those, tokens served from the prefix cache.
+        evictions: cached pages evicted to make room since creation.
+    """
+
+    num_pages: int
+    pages_in_use: int
+    pages_free: int
+    pages_cached: int
+    pages_indexed: int
+    query_tokens: int
+    hit_tokens: int
+    evictions: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Hit tokens over query tokens; 0.0 before any query."""
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+
+@runtime_checkable
+class KVManager(Protocol):
+    """The front desk: owns pages, reference counts, the prefix index and eviction.
+
+    It never touches a tensor (KVM-040). Every method either succeeds or raises a
+    :class:`~pagedkv.errors.PagedKVError` having changed nothing (KVM-001).
+    """
+
+    @property
+    def page_size(self) -> int:
+        """Token positions per page."""
+        ...
+
+    @property
+    def num_pages(self) -> int:
+        """Physical pages in the pool."""
+        ...
+
+    def cached_prefix_length(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        """Tokens ``allocate`` would serve from the cache for this prompt right now.
+
+        A pure query: nothing moves, statistics included. Always a multiple of the page size
+        and at most ``len(token_ids) - 1`` (KVM-025).
+        """
+        ...
+
+    def allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        num_new_tokens: int,
+        cache_salt: str | None = None,
+    ) -> Allocation:
+        """Open sequence ``seq_id`` for the prompt ``token_ids``.
+
+        Takes the longest verified cached prefix of full pages, then reserves pages for
+        ``num_new_tokens`` more positions after it (the first prefill chunk). All or nothing:
+        on :class:`~pagedkv.errors.OutOfPages` no count, page or LRU position has moved.
+
+        Preconditions: ``seq_id`` holds no pages; ``token_ids`` is non-empty;
+        ``num_new_tokens >= 1``.
+        """
+        ...
+
+    def grow(self, seq_id: int, num_tokens: int) -> PageTable:
+        """Reserve positions ``0..num_tokens-1`` for the sequence, taking pages as needed.
+
+        ``num_tokens`` counts every position, those already reserved included, and must not be
+        below the current reservation. All or nothing, like :meth:`allocate`.
+        """
+        ...
+
+    def commit(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        """Publish the full pages among the sequence's first ``len(token_ids)`` tokens.
+
+        Call it only after the K/V of those tokens are written (KVM-021): a page is never
+        visible to other requests while it is still being filled. Returns how many pages this
+        call published. ``token_ids`` is the sequence's token prefix, the committed part
+        included; only the pages not yet committed are hashed.
+        """
+        ...
+
+    def free(self, seq_id: int) -> None:
+        """Release every page of the sequence, exactly once (KVM-012).
+
+        Unheld pages with a prefix entry become cached and evictable, the chain's tail first
+        (KVM-023); others return to the free list.
+        """
+        ...
+
+    def page_table(self, seq_id: int) -> PageTable:
+        """The sequence's current page table."""
+        ...
+
+    def ref_count(self, page: int) -> int:
+        """How many sequences hold physical page ``page``."""
+        ...
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every prefix entry. Raises :class:`~pagedkv.errors.PagesInUse` if any page
+        is held (KVM-027)."""
+        ...
+
+    def stats(self) -> KVStats:
+        """A snapshot of the accounting."""
+        ...
+
+    def check_invariants(self) -> None:
+        """Raise :class:`~pagedkv.errors.InvariantViolation` if any invariant fails."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Shape of a PagedStore's page pool.
+
+    Attributes:
+        num_layers: decoder layers; each has its own K and V pools.
+        num_kv_heads: key/value heads per layer.
+        head_dim: channels per head.
+        page_size: token positions per page.
+        num_pages: pages per layer pool.
+        dtype: torch dtype name: ``float32``, ``bfloat16`` or ``float16``.
+        device: torch device string, e.g. ``cpu`` or ``cuda:0``.
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    num_pages: int
+    dtype: str = "float32"
+    device: str = "cpu"
+
+
+@runtime_checkable
+class PagedStore(Protocol):
+    """The cleaner: writes K/V into page tensors at slots and reads them back for attention.
+
+    It never decides which page belongs to whom: slots and page tables come from the plan.
+    """
+
+    @property
+    def config(self) -> StoreConfig:
+        """The pool's shape."""
+        ...
+
+    def write(
+        self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> None:
+        """Store ``key[i]`` and ``value[i]`` (``[num_kv_heads, head_dim]``) at ``slots[i]``."""
+        ...
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V stored at ``slots``, shaped ``[len(slots), num_kv_heads, head_dim]``."""
+        ...
+
+    def attention(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        batch: AttentionBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """Causal attention of ``query`` ``[T, num_heads, head_dim]`` over paged K/V.
+
+        Sequence ``b`` owns query rows ``query_start[b]:query_start[b+1]``; they are its last
+        positions, so its row ``j`` sees context positions ``0..context_len - q_len + j``.
+        Returns ``[T, num_heads, head_dim]``.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionBatch:
+    """The part of a step plan attention needs: who owns which query rows and which pages.
+
+    Attributes:
+        query_start: ``[B+1]`` int64 offsets of each sequence's rows in the step's tokens.
+        context_lens: ``[B]`` int64 positions each sequence attends to, this step's included.
+        page_tables: ``[B, max_pages]`` int64 physical pages, padded past each sequence's
+            ``ceil(context_len / page_size)`` pages; ``None`` when the step uses no cache (v0).
+    """
+
+    query_start: torch.Tensor
+    context_lens: torch.Tensor
+    page_tables: torch.Tensor | None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A bundle of implementations under test, named by ``module:factory``.
+
+    ``capabilities`` is a subset of :data:`CAPABILITIES`; tests needing a capability the
+    backend does not declare are skipped with that reason.
+    """
+
+    @property
+    def name(self) -> str:
+        """Human-readable name shown in the test report header."""
+        ...
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Declared capabilities."""
+        ...
+
+    def create_kv_manager(self, config: KVManagerConfig) -> KVManager:
+        """A fresh KVManager with an empty pool."""
+        ...

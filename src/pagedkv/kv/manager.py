@@ -1,0 +1,229 @@
+"""The reference KVManager: page tables, prefix reuse and eviction over a :class:`PagePool`.
+
+It never imports torch (KVM-040) and validates every argument before it mutates anything, so a
+call that raises leaves the manager exactly as it was (KVM-001, KVM-002).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pagedkv.errors import (
+    DoubleFree,
+    DuplicateSequence,
+    InvalidRequest,
+    OutOfPages,
+    PagesInUse,
+    UnknownSequence,
+)
+from pagedkv.interfaces import Allocation, KVManagerConfig, KVStats, PageTable
+from pagedkv.kv.invariants import check_manager_invariants
+from pagedkv.kv.page_pool import PagePool
+from pagedkv.kv.prefix_index import HashFn, PrefixEntry, PrefixIndex, builtin_page_hash
+
+#: How many freed sequence ids are remembered to tell a double free from an unknown id.
+FREED_IDS_REMEMBERED = 65536
+
+
+@dataclass(slots=True)
+class SequenceState:
+    """What the manager knows of one live sequence.
+
+    Attributes:
+        pages: physical pages, by logical page.
+        num_tokens: token positions reserved.
+        cache_salt: salt its pages are published under.
+        num_committed_pages: leading pages already hit or published; commit starts after them.
+        chain_tail: the index entry of the last committed page, parent of the next one.
+        chain_broken: a collision stopped publication; later pages of this sequence stay private.
+    """
+
+    pages: list[int]
+    num_tokens: int
+    cache_salt: str | None
+    num_committed_pages: int = 0
+    chain_tail: PrefixEntry | None = None
+    chain_broken: bool = False
+
+
+def _pages_for(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
+
+
+class ReferenceKVManager:
+    """Free list + O(1) LRU + chained-hash prefix index with token verification."""
+
+    def __init__(self, config: KVManagerConfig, hash_fn: HashFn = builtin_page_hash) -> None:
+        self.config = config
+        self.pool = PagePool(config.num_pages)
+        self.index = PrefixIndex(config.num_pages, config.page_size, hash_fn)
+        self.sequences: dict[int, SequenceState] = {}
+        self._freed_ids: OrderedDict[int, None] = OrderedDict()
+        self._query_tokens = 0
+        self._hit_tokens = 0
+        self._evictions = 0
+
+    @property
+    def page_size(self) -> int:
+        return self.config.page_size
+
+    @property
+    def num_pages(self) -> int:
+        return self.config.num_pages
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def _match(self, token_ids: Sequence[int], cache_salt: str | None) -> list[PrefixEntry]:
+        if not self.config.enable_prefix_caching:
+            return []
+        # At least one token must stay to compute (KVM-025).
+        max_pages = (len(token_ids) - 1) // self.page_size
+        return self.index.match(token_ids, cache_salt, max_pages)
+
+    def cached_prefix_length(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        if not token_ids:
+            raise InvalidRequest("token_ids must be non-empty")
+        return len(self._match(token_ids, cache_salt)) * self.page_size
+
+    def _sequence(self, seq_id: int) -> SequenceState:
+        state = self.sequences.get(seq_id)
+        if state is None:
+            if seq_id in self._freed_ids:
+                raise DoubleFree(seq_id)
+            raise UnknownSequence(seq_id)
+        return state
+
+    def page_table(self, seq_id: int) -> PageTable:
+        state = self._sequence(seq_id)
+        return PageTable(seq_id, self.page_size, tuple(state.pages), state.num_tokens)
+
+    def ref_count(self, page: int) -> int:
+        return self.pool.ref_count(page)
+
+    # -- allocation ------------------------------------------------------------------------
+
+    def _take_fresh(self, count: int, pinned: int = 0) -> list[int]:
+        """Take ``count`` fresh pages, or raise having changed nothing.
+
+        ``pinned`` counts cached pages the caller is about to hit: they are in the LRU now but
+        must not be evicted for this same call (KVM-026), so they are not available.
+        """
+        available = self.pool.num_free + self.pool.num_cached - pinned
+        if count > available:
+            raise OutOfPages(count, available)
+        return self.pool.take_fresh(count, self._evict)
+
+    def _evict(self, page: int) -> None:
+        self.index.remove_page(page)
+        self._evictions += 1
+
+    def allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        num_new_tokens: int,
+        cache_salt: str | None = None,
+    ) -> Allocation:
+        if seq_id in self.sequences:
+            raise DuplicateSequence(seq_id)
+        if not token_ids:
+            raise InvalidRequest("token_ids must be non-empty")
+        if num_new_tokens < 1:
+            raise InvalidRequest(f"num_new_tokens must be >= 1, got {num_new_tokens}")
+        hits = self._match(token_ids, cache_salt)
+        num_cached = len(hits) * self.page_size
+        num_tokens = num_cached + num_new_tokens
+        pinned = sum(1 for e in hits if self.pool.is_cached(e.page))
+        fresh = self._take_fresh(_pages_for(num_tokens, self.page_size) - len(hits), pinned)
+        # Nothing can fail past this point.
+        for entry in hits:
+            self.pool.hold(entry.page)
+        state = SequenceState(
+            pages=[e.page for e in hits] + fresh,
+            num_tokens=num_tokens,
+            cache_salt=cache_salt,
+            num_committed_pages=len(hits),
+            chain_tail=hits[-1] if hits else None,
+        )
+        self.sequences[seq_id] = state
+        self._freed_ids.pop(seq_id, None)
+        self._query_tokens += len(token_ids)
+        self._hit_tokens += num_cached
+        return Allocation(self.page_table(seq_id), num_cached, len(fresh))
+
+    def grow(self, seq_id: int, num_tokens: int) -> PageTable:
+        state = self._sequence(seq_id)
+        if num_tokens < state.num_tokens:
+            raise InvalidRequest(
+                f"grow to {num_tokens} tokens is below the {state.num_tokens} already reserved"
+            )
+        needed = _pages_for(num_tokens, self.page_size) - len(state.pages)
+        if needed > 0:
+            state.pages.extend(self._take_fresh(needed))
+        state.num_tokens = num_tokens
+        return self.page_table(seq_id)
+
+    # -- publication -----------------------------------------------------------------------
+
+    def commit(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        state = self._sequence(seq_id)
+        if len(token_ids) > state.num_tokens:
+            raise InvalidRequest(
+                f"commit of {len(token_ids)} tokens exceeds the {state.num_tokens} reserved "
+                f"for sequence {seq_id}"
+            )
+        if not self.config.enable_prefix_caching or state.chain_broken:
+            return 0
+        size = self.page_size
+        published = 0
+        for i in range(state.num_committed_pages, len(token_ids) // size):
+            page_tokens = tuple(token_ids[i * size : (i + 1) * size])
+            entry = self.index.publish(
+                state.pages[i], state.chain_tail, page_tokens, state.cache_salt
+            )
+            if entry is None:
+                state.chain_broken = True
+                break
+            if entry.page == state.pages[i]:
+                published += 1
+            state.chain_tail = entry
+            state.num_committed_pages = i + 1
+        return published
+
+    # -- release ---------------------------------------------------------------------------
+
+    def free(self, seq_id: int) -> None:
+        state = self._sequence(seq_id)
+        del self.sequences[seq_id]
+        self._freed_ids[seq_id] = None
+        if len(self._freed_ids) > FREED_IDS_REMEMBERED:
+            self._freed_ids.popitem(last=False)
+        self.pool.release(reversed(state.pages), self._is_published)
+
+    def _is_published(self, page: int) -> bool:
+        return self.index.entry_of(page) is not None
+
+    def reset_prefix_cache(self) -> None:
+        if self.pool.num_in_use:
+            raise PagesInUse(self.pool.num_in_use)
+        self.pool.uncache_all()
+        self.index.clear()
+
+    # -- observation -----------------------------------------------------------------------
+
+    def stats(self) -> KVStats:
+        return KVStats(
+            num_pages=self.num_pages,
+            pages_in_use=self.pool.num_in_use,
+            pages_free=self.pool.num_free,
+            pages_cached=self.pool.num_cached,
+            pages_indexed=len(self.index),
+            query_tokens=self._query_tokens,
+            hit_tokens=self._hit_tokens,
+            evictions=self._evictions,
+        )
+
+    def check_invariants(self) -> None:
+        check_manager_invariants(self)
