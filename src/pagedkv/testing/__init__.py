@@ -1,0 +1,1 @@
+"""Helpers for tests, the conformance suite and benchmarks: tiny deterministic checkpoints."""
