@@ -104,8 +104,8 @@ class ReferenceKVManager:
 
     # -- allocation ------------------------------------------------------------------------
 
-    def _take_fresh(self, count: int, pinned: int = 0) -> list[int]:
-        """Take ``count`` fresh pages, or raise having changed nothing.
+    def _check_available(self, count: int, pinned: int = 0) -> None:
+        """Raise :class:`OutOfPages` unless ``count`` fresh pages can be taken.
 
         ``pinned`` counts cached pages the caller is about to hit: they are in the LRU now but
         must not be evicted for this same call (KVM-026), so they are not available.
@@ -113,6 +113,10 @@ class ReferenceKVManager:
         available = self.pool.num_free + self.pool.num_cached - pinned
         if count > available:
             raise OutOfPages(count, available)
+
+    def _take_fresh(self, count: int) -> list[int]:
+        """Take ``count`` fresh pages, or raise having changed nothing."""
+        self._check_available(count)
         return self.pool.take_fresh(count, self._evict)
 
     def _evict(self, page: int) -> None:
@@ -135,11 +139,14 @@ class ReferenceKVManager:
         hits = self._match(token_ids, cache_salt)
         num_cached = len(hits) * self.page_size
         num_tokens = num_cached + num_new_tokens
+        # Hit pages waiting in the LRU are not available to this same allocation (KVM-026).
         pinned = sum(1 for e in hits if self.pool.is_cached(e.page))
-        fresh = self._take_fresh(_pages_for(num_tokens, self.page_size) - len(hits), pinned)
-        # Nothing can fail past this point.
+        self._check_available(_pages_for(num_tokens, self.page_size) - len(hits), pinned)
+        # Nothing can fail past this point. Hold the hits first, so that taking fresh pages
+        # cannot evict them.
         for entry in hits:
             self.pool.hold(entry.page)
+        fresh = self._take_fresh(_pages_for(num_tokens, self.page_size) - len(hits))
         state = SequenceState(
             pages=[e.page for e in hits] + fresh,
             num_tokens=num_tokens,
