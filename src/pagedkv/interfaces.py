@@ -15,7 +15,7 @@ This module must stay importable without torch, so a KVManager backend never pul
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -23,6 +23,12 @@ from pagedkv.errors import InvalidRequest
 
 if TYPE_CHECKING:
     import torch
+
+    from pagedkv.engine.config import EngineConfig
+    from pagedkv.engine.outputs import EngineStats, RequestOutput
+    from pagedkv.engine.params import SamplingParams
+    from pagedkv.engine.tokenizer import Tokenizer
+    from pagedkv.plan import StepPlan
 
 #: Capability names a :class:`Backend` may declare. Conformance tests that need one are skipped,
 #: with the reason, for a backend that does not declare it.
@@ -330,4 +336,89 @@ class Backend(Protocol):
 
     def create_kv_manager(self, config: KVManagerConfig) -> KVManager:
         """A fresh KVManager with an empty pool."""
+        ...
+
+
+@runtime_checkable
+class StepRunner(Protocol):
+    """Runs one :class:`~pagedkv.plan.StepPlan` on a model (and its PagedStore)."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where plans' tensors must live."""
+        ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the logits."""
+        ...
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """``[B, vocab]`` float32 CPU logits at ``plan.logits_indices``."""
+        ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Orchestration: decides what runs each step and hands the model an explicit plan.
+
+    Requirements ENG-001.. in ``specs/engine.md``.
+    """
+
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
+        """Queue a request; returns its id."""
+        ...
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled batch; the outputs of the requests it advanced."""
+        ...
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End a request now, freeing its pages; its final output, or ``None`` if unknown."""
+        ...
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is waiting or running."""
+        ...
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+    ) -> Generator[RequestOutput, None, None]:
+        """Add a request and yield its outputs until it finishes."""
+        ...
+
+    def stats(self) -> EngineStats:
+        """Engine-wide counters."""
+        ...
+
+    def check_invariants(self) -> None:
+        """Raise :class:`~pagedkv.errors.InvariantViolation` if the engine's bookkeeping or its
+        KVManager's is inconsistent."""
+        ...
+
+
+@runtime_checkable
+class EngineBackend(Backend, Protocol):
+    """A backend declaring the ``engine`` capability also builds engines."""
+
+    def create_engine(
+        self,
+        runner: StepRunner,
+        config: EngineConfig,
+        *,
+        tokenizer: Tokenizer | None = None,
+        eos_ids: frozenset[int] = frozenset(),
+    ) -> Engine:
+        """An engine over ``runner``, with a fresh page pool shaped by ``config``."""
         ...

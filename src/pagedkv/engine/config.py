@@ -1,0 +1,45 @@
+"""Engine configuration: the budgets the scheduler works under and the shape of the KV pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pagedkv.errors import InvalidRequest
+
+#: ``v1`` keeps each token's K/V in the paged cache; ``v0`` recomputes every sequence from its
+#: first token at every step (the baseline without a cache).
+CacheMode = Literal["v0", "v1"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How much work one step may carry and how the KV cache is laid out.
+
+    Attributes:
+        page_size: token positions per KV page.
+        num_pages: pages in the pool (each holds ``page_size`` positions for every layer).
+        max_num_batched_tokens: token positions computed in one step, all sequences together;
+            prompts longer than this are prefilled in chunks.
+        max_num_seqs: sequences in one step.
+        max_model_len: most positions one sequence may reach (prompt + generated tokens).
+        enable_prefix_caching: reuse cached full pages across requests.
+        mode: ``v1`` (paged KV cache) or ``v0`` (recompute everything every step).
+    """
+
+    page_size: int = 16
+    num_pages: int = 512
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    mode: CacheMode = "v1"
+
+    def __post_init__(self) -> None:
+        for name in ("page_size", "num_pages", "max_num_batched_tokens", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise InvalidRequest(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len < 2:
+            raise InvalidRequest(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.mode not in ("v0", "v1"):
+            raise InvalidRequest(f"mode must be 'v0' or 'v1', got {self.mode!r}")

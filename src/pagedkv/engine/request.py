@@ -1,0 +1,86 @@
+"""The engine's private, mutable state of one request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from pagedkv.engine.outputs import FinishReason, RequestMetrics, TokenLogprobs
+from pagedkv.engine.params import SamplingParams
+
+
+class RequestStatus(Enum):
+    """Where a request is in its life."""
+
+    WAITING = "waiting"  # queued: holds no pages (new, or preempted and to be recomputed)
+    RUNNING = "running"  # holds pages and is scheduled every step
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One request as the scheduler and postprocessor see it.
+
+    ``token_ids`` holds the prompt then the generated tokens. ``num_computed_tokens`` counts its
+    leading tokens whose K/V are in the cache; the rest still have to be fed to the model. A
+    preempted request drops to 0 and is recomputed (from the prefix cache where it can be).
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    cache_salt: str | None
+    arrival_time: float
+    generator: torch.Generator | None
+    token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    seq_id: int | None = None
+    num_computed_tokens: int = 0
+    cached_tokens: int | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    finish_reason: FinishReason | None = None
+    preemptions: int = 0
+    text: str = ""
+    logprobs: list[TokenLogprobs] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """Generated tokens, oldest first."""
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Positions of the sequence so far: prompt then generated tokens."""
+        return len(self.token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to feed to the model before the next sample."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def metrics(self) -> RequestMetrics:
+        """A frozen snapshot of the request's timings and counts."""
+        return RequestMetrics(
+            arrival_time=self.arrival_time,
+            first_token_time=self.first_token_time,
+            finished_time=self.finished_time,
+            prompt_tokens=len(self.prompt_token_ids),
+            cached_tokens=self.cached_tokens or 0,
+            generated_tokens=self.num_output_tokens,
+            preemptions=self.preemptions,
+        )
