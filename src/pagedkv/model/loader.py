@@ -1,0 +1,184 @@
+"""Load a Hugging Face Qwen3 checkpoint (``config.json`` + safetensors) into the model.
+
+The model is built on the meta device, materialised once on the target device (``to_empty``),
+then filled tensor by tensor straight from the safetensors file(s): at no moment does a second
+full copy of the weights exist. Every tensor name and shape is checked against the model before
+any weight is read, so a bad checkpoint fails fast with a :class:`~pagedkv.errors.CheckpointError`
+that names the offending tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from pagedkv.errors import CheckpointError
+from pagedkv.kv.paged_store import torch_device, torch_dtype
+from pagedkv.model.config import ModelConfig
+from pagedkv.model.qwen3 import Qwen3ForCausalLM
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+#: How many names an error message lists before summarising the rest.
+MAX_NAMES_IN_ERROR = 8
+
+
+def load_model(
+    model_dir: str | Path,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+) -> Qwen3ForCausalLM:
+    """Load the checkpoint in ``model_dir`` for inference.
+
+    Args:
+        model_dir: a directory with ``config.json`` and either ``model.safetensors`` or
+            ``model.safetensors.index.json`` and its shards.
+        dtype: parameter dtype, ``float32``, ``bfloat16`` or ``float16``; checkpoint tensors
+            are converted as they are copied in.
+        device: where the parameters live, e.g. ``cpu`` or ``cuda:0``.
+
+    Returns:
+        The model in eval mode with ``requires_grad`` off on every parameter.
+
+    Raises:
+        CheckpointError: a missing directory, config, weight file or tensor, a tensor of the
+            wrong shape, or tensors the model does not have; the message names each of them.
+        UnsupportedModel: the config asks for something pagedkv does not implement.
+        InvalidRequest: an unknown ``dtype``, or a ``device`` that is invalid or unavailable.
+    """
+    target_dtype = torch_dtype(dtype)
+    target_device = torch_device(device)
+    directory = Path(model_dir)
+    config = ModelConfig.from_dir(directory)
+    paths, index = _weight_files(directory)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    params = dict(model.named_parameters())
+    with ExitStack() as stack:
+        handles = {path: stack.enter_context(_open(path)) for path in paths}
+        locations = _locate(index, handles, config)
+        _check_names(params, locations)
+        _check_shapes(params, locations, handles)
+        model = model.to(dtype=target_dtype).to_empty(device=target_device)
+        for name, param in model.named_parameters():
+            with torch.no_grad():
+                param.copy_(_read(handles[locations[name]], name, locations[name]))
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def _weight_files(directory: Path) -> tuple[list[Path], dict[str, Path]]:
+    """The safetensors files, and the index's map of tensor name to file (empty if unsharded)."""
+    single = directory / SINGLE_FILE
+    index = directory / INDEX_FILE
+    if single.is_file():
+        return [single], {}
+    if not index.is_file():
+        raise CheckpointError(f"no weights in {directory}: neither {single} nor {index} exists")
+    try:
+        raw = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read weight index {index}: {exc}") from exc
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise CheckpointError(f"weight index {index} has no 'weight_map' of name -> file")
+    files: dict[str, Path] = {}
+    for name, shard in weight_map.items():
+        path = directory / shard
+        if not path.is_file():
+            raise CheckpointError(f"shard {path} (holding tensor {name!r}) does not exist")
+        files[name] = path
+    return sorted(set(files.values())), files
+
+
+class _Handle:
+    """An open safetensors file with its path, for error messages."""
+
+    def __init__(self, path: Path, raw: Any) -> None:
+        self.path = path
+        self.raw = raw
+
+    def names(self) -> list[str]:
+        return list(self.raw.keys())
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.raw.get_slice(name).get_shape())
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[_Handle]:
+    """Open a safetensors file (header only), turning its errors into CheckpointError."""
+    try:
+        opened = safe_open(str(path), framework="pt", device="cpu")
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"cannot read safetensors file {path}: {exc}") from exc
+    with opened as raw:
+        yield _Handle(path, raw)
+
+
+def _locate(
+    index: Mapping[str, Path], handles: Mapping[Path, _Handle], config: ModelConfig
+) -> dict[str, Path]:
+    """Every tensor name actually present, mapped to the file holding it."""
+    locations: dict[str, Path] = {}
+    for path, handle in handles.items():
+        for name in handle.names():
+            locations.setdefault(name, path)
+    for name, path in index.items():
+        if locations.get(name) != path:
+            raise CheckpointError(f"tensor {name!r} is listed in the index but not in {path}")
+    if config.tie_word_embeddings:
+        # Some tied checkpoints also store the head; the tie makes it the embedding table.
+        locations.pop("lm_head.weight", None)
+    return locations
+
+
+def _names(names: set[str]) -> str:
+    ordered = sorted(names)
+    shown = ", ".join(repr(n) for n in ordered[:MAX_NAMES_IN_ERROR])
+    extra = len(ordered) - MAX_NAMES_IN_ERROR
+    return shown + (f" and {extra} more" if extra > 0 else "")
+
+
+def _check_names(params: Mapping[str, torch.nn.Parameter], locations: Mapping[str, Path]) -> None:
+    missing = set(params) - set(locations)
+    if missing:
+        raise CheckpointError(f"checkpoint is missing tensor(s) {_names(missing)}")
+    unexpected = set(locations) - set(params)
+    if unexpected:
+        raise CheckpointError(
+            f"checkpoint has tensor(s) the model does not use: {_names(unexpected)}"
+        )
+
+
+def _check_shapes(
+    params: Mapping[str, torch.nn.Parameter],
+    locations: Mapping[str, Path],
+    handles: Mapping[Path, _Handle],
+) -> None:
+    for name, param in params.items():
+        found = handles[locations[name]].shape(name)
+        if found != tuple(param.shape):
+            raise CheckpointError(
+                f"tensor {name!r} has shape {list(found)}, expected {list(param.shape)}"
+            )
+
+
+def _read(handle: _Handle, name: str, path: Path) -> torch.Tensor:
+    try:
+        tensor: torch.Tensor = handle.raw.get_tensor(name)
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from exc
+    if not tensor.dtype.is_floating_point:
+        raise CheckpointError(f"tensor {name!r} has non-floating dtype {tensor.dtype}")
+    return tensor
