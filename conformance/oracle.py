@@ -1,0 +1,275 @@
+"""A deliberately simple model of the KVManager contract (specs/kv-manager.md).
+
+The state machine runs every operation on the backend and on this oracle and compares what it
+can observe. The oracle trades speed for obviousness: plain lists and dicts, linear scans, and
+prefix entries keyed by the *whole* token prefix (plus the salt) instead of chained hashes, so
+it has no hash collisions to verify against (KVM-022 holds by construction).
+
+Where the spec leaves a choice, the oracle follows the reference implementation:
+
+* an entry remembers the identity of its parent entry; a hit walks from the first page and
+  stops at the first page whose entry is missing or whose parent is not the entry just matched
+  (so an entry orphaned by its parent's eviction is never hit, even if the parent's tokens are
+  published again later);
+* committing a page whose prefix another sequence already published keeps the other page's
+  entry, leaves this page unpublished and continues the chain from the other entry;
+* committing a page whose prefix has an entry with a different parent (a stale orphan) stops
+  publication for the rest of that sequence;
+* fresh pages come from the free list first, then by evicting the least recently released
+  cached page that the same allocation does not hit (KVM-024, KVM-026).
+
+Physical page ids are the oracle's own; the state machine relates them to the backend's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pagedkv.errors import (
+    DoubleFree,
+    DuplicateSequence,
+    InvalidRequest,
+    OutOfPages,
+    PagesInUse,
+    UnknownSequence,
+)
+from pagedkv.interfaces import KVStats
+
+#: (cache salt, every token id from the start of the prompt to the end of the page)
+PrefixKey = tuple[str | None, tuple[int, ...]]
+
+
+class NeverAllocated(UnknownSequence):
+    """Raised by the oracle for an id that was never allocated: the backend must raise
+    UnknownSequence, and not its subclass DoubleFree."""
+
+
+@dataclass(frozen=True, slots=True)
+class OracleEntry:
+    """A published full page."""
+
+    uid: int
+    page: int
+    key: PrefixKey
+    parent_uid: int | None
+
+
+@dataclass(slots=True)
+class OracleSequence:
+    """A live sequence."""
+
+    pages: list[int]
+    num_tokens: int
+    salt: str | None
+    committed_pages: int = 0
+    tail: OracleEntry | None = None
+    broken: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OracleAllocation:
+    """What the oracle's allocate did: ``pages[:num_hit_pages]`` were hits."""
+
+    pages: tuple[int, ...]
+    num_cached_tokens: int
+    num_hit_pages: int
+    num_new_pages: int
+
+
+def pages_for(num_tokens: int, page_size: int) -> int:
+    """``ceil(num_tokens / page_size)``."""
+    return -(-num_tokens // page_size)
+
+
+class KVOracle:
+    """The model. Methods mirror :class:`pagedkv.interfaces.KVManager` and raise the same
+    typed errors, having changed nothing."""
+
+    def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool) -> None:
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref: list[int] = [0] * num_pages
+        self.free_list: list[int] = list(range(num_pages))
+        self.lru: list[int] = []  # cached pages, least recently released first
+        self.entries: dict[PrefixKey, OracleEntry] = {}
+        self.entry_of_page: dict[int, OracleEntry] = {}
+        self.sequences: dict[int, OracleSequence] = {}
+        self.freed: set[int] = set()
+        self.query_tokens = 0
+        self.hit_tokens = 0
+        self.evictions = 0
+        self._next_uid = 0
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def _sequence(self, seq_id: int) -> OracleSequence:
+        if seq_id in self.sequences:
+            return self.sequences[seq_id]
+        if seq_id in self.freed:
+            raise UnknownSequence(seq_id)
+        raise NeverAllocated(seq_id)
+
+    def match(self, token_ids: Sequence[int], salt: str | None) -> list[OracleEntry]:
+        """The longest run of entries for the prompt's leading full pages, leaving >= 1 token."""
+        if not self.enable_prefix_caching:
+            return []
+        chain: list[OracleEntry] = []
+        parent: OracleEntry | None = None
+        for i in range((len(token_ids) - 1) // self.page_size):
+            key = (salt, tuple(token_ids[: (i + 1) * self.page_size]))
+            entry = self.entries.get(key)
+            if entry is None or entry.parent_uid != (None if parent is None else parent.uid):
+                break
+            chain.append(entry)
+            parent = entry
+        return chain
+
+    def cached_prefix_length(self, token_ids: Sequence[int], salt: str | None = None) -> int:
+        if not token_ids:
+            raise InvalidRequest("empty prompt")
+        return len(self.match(token_ids, salt)) * self.page_size
+
+    def page_table(self, seq_id: int) -> tuple[int, ...]:
+        return tuple(self._sequence(seq_id).pages)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._sequence(seq_id).num_tokens
+
+    def stats(self) -> KVStats:
+        return KVStats(
+            num_pages=self.num_pages,
+            pages_in_use=sum(1 for r in self.ref if r > 0),
+            pages_free=len(self.free_list),
+            pages_cached=len(self.lru),
+            pages_indexed=len(self.entries),
+            query_tokens=self.query_tokens,
+            hit_tokens=self.hit_tokens,
+            evictions=self.evictions,
+        )
+
+    # -- transitions -----------------------------------------------------------------------
+
+    def _take_fresh(self, count: int, pinned: set[int]) -> list[int]:
+        available = len(self.free_list) + sum(1 for p in self.lru if p not in pinned)
+        if count > available:
+            raise OutOfPages(count, available)
+        taken: list[int] = []
+        for _ in range(count):
+            if self.free_list:
+                page = self.free_list.pop(0)
+            else:
+                page = next(p for p in self.lru if p not in pinned)
+                self.lru.remove(page)
+                entry = self.entry_of_page.pop(page)
+                del self.entries[entry.key]
+                self.evictions += 1
+            self.ref[page] = 1
+            taken.append(page)
+        return taken
+
+    def allocate(
+        self, seq_id: int, token_ids: Sequence[int], num_new_tokens: int, salt: str | None = None
+    ) -> OracleAllocation:
+        if seq_id in self.sequences:
+            raise DuplicateSequence(seq_id)
+        if not token_ids:
+            raise InvalidRequest("empty prompt")
+        if num_new_tokens < 1:
+            raise InvalidRequest(f"num_new_tokens {num_new_tokens} < 1")
+        hits = self.match(token_ids, salt)
+        num_cached = len(hits) * self.page_size
+        num_tokens = num_cached + num_new_tokens
+        hit_pages = [e.page for e in hits]
+        fresh = self._take_fresh(pages_for(num_tokens, self.page_size) - len(hits), set(hit_pages))
+        for page in hit_pages:
+            if page in self.lru:
+                self.lru.remove(page)
+            self.ref[page] += 1
+        self.sequences[seq_id] = OracleSequence(
+            pages=hit_pages + fresh,
+            num_tokens=num_tokens,
+            salt=salt,
+            committed_pages=len(hits),
+            tail=hits[-1] if hits else None,
+        )
+        self.freed.discard(seq_id)
+        self.query_tokens += len(token_ids)
+        self.hit_tokens += num_cached
+        return OracleAllocation(tuple(hit_pages + fresh), num_cached, len(hits), len(fresh))
+
+    def grow(self, seq_id: int, num_tokens: int) -> list[int]:
+        """Returns the pages appended."""
+        seq = self._sequence(seq_id)
+        if num_tokens < seq.num_tokens:
+            raise InvalidRequest(f"grow to {num_tokens} below {seq.num_tokens}")
+        needed = pages_for(num_tokens, self.page_size) - len(seq.pages)
+        fresh = self._take_fresh(needed, set()) if needed > 0 else []
+        seq.pages.extend(fresh)
+        seq.num_tokens = num_tokens
+        return fresh
+
+    def commit(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        seq = self._sequence(seq_id)
+        if len(token_ids) > seq.num_tokens:
+            raise InvalidRequest(f"commit of {len(token_ids)} past {seq.num_tokens}")
+        if not self.enable_prefix_caching or seq.broken:
+            return 0
+        size = self.page_size
+        published = 0
+        for i in range(seq.committed_pages, len(token_ids) // size):
+            prefix = () if seq.tail is None else seq.tail.key[1]
+            key = (seq.salt, prefix + tuple(token_ids[i * size : (i + 1) * size]))
+            parent_uid = None if seq.tail is None else seq.tail.uid
+            existing = self.entries.get(key)
+            if existing is not None:
+                if existing.parent_uid != parent_uid:
+                    seq.broken = True
+                    break
+                entry = existing
+            else:
+                entry = OracleEntry(self._next_uid, seq.pages[i], key, parent_uid)
+                self._next_uid += 1
+                self.entries[key] = entry
+                self.entry_of_page[entry.page] = entry
+                published += 1
+            seq.tail = entry
+            seq.committed_pages = i + 1
+        return published
+
+    def free(self, seq_id: int) -> None:
+        if seq_id not in self.sequences and seq_id in self.freed:
+            raise DoubleFree(seq_id)
+        seq = self._sequence(seq_id)
+        del self.sequences[seq_id]
+        self.freed.add(seq_id)
+        for page in reversed(seq.pages):  # the chain's tail first (KVM-023)
+            self.ref[page] -= 1
+            if self.ref[page] == 0:
+                if page in self.entry_of_page:
+                    self.lru.append(page)
+                else:
+                    self.free_list.append(page)
+
+    def reset_prefix_cache(self) -> None:
+        in_use = sum(1 for r in self.ref if r > 0)
+        if in_use:
+            raise PagesInUse(in_use)
+        self.free_list.extend(self.lru)
+        self.lru.clear()
+        self.entries.clear()
+        self.entry_of_page.clear()
+
+    def check(self) -> None:
+        """The oracle's own consistency (a bug here is a bug in the suite, not the backend)."""
+        holders = [0] * self.num_pages
+        for seq in self.sequences.values():
+            assert len(seq.pages) == pages_for(seq.num_tokens, self.page_size)
+            for page in seq.pages:
+                holders[page] += 1
+        assert holders == self.ref
+        states = [p for p in range(self.num_pages) if self.ref[p] > 0]
+        assert sorted(states + self.free_list + self.lru) == list(range(self.num_pages))
+        assert all(p in self.entry_of_page for p in self.lru)
+        assert not any(p in self.entry_of_page for p in self.free_list)

@@ -1,0 +1,272 @@
+"""Deliberately broken KVManagers, each behind a backend factory, to prove the conformance
+suite can fail.
+
+Each mutant is the reference KVManager with one small, plausible bug. Their
+``check_invariants`` is as blind as the bug (it always passes), so the suite must catch them by
+behaviour seen through the Protocol alone, as it would a third-party backend.
+``tests/test_mutants.py`` runs the suite against each (``--backend mutants:<factory>``, with
+``tests/`` on ``PYTHONPATH``) and expects failures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pagedkv.errors import OutOfPages
+from pagedkv.interfaces import Allocation, KVManager, KVManagerConfig, PageTable
+from pagedkv.kv.manager import ReferenceKVManager, SequenceState
+from pagedkv.kv.page_pool import PagePool
+from pagedkv.kv.prefix_index import PrefixEntry, PrefixIndex
+
+
+class _Mutant(ReferenceKVManager):
+    def check_invariants(self) -> None:
+        """Blind, like the bug it hides."""
+
+
+class LeakOnFree(_Mutant):
+    """(a) free forgets to release the sequence's last page: it stays in use forever."""
+
+    def free(self, seq_id: int) -> None:
+        state = self._sequence(seq_id)
+        del self.sequences[seq_id]
+        self._freed_ids[seq_id] = None
+        self.pool.release(reversed(state.pages[:-1]), self._is_published)
+
+
+class FreeSharedPage(_Mutant):
+    """(b) free hands a page still held by another sequence back to the free list (keeping
+    the counters consistent), so it can be given out again as a fresh page."""
+
+    def free(self, seq_id: int) -> None:
+        shared = [p for p in self._sequence(seq_id).pages if self.pool.ref_count(p) > 1]
+        super().free(seq_id)
+        for page in shared:
+            self.pool._free.append(page)
+            self.pool._num_in_use -= 1
+
+
+class PublishBeforeCommit(_Mutant):
+    """(c) allocate publishes the prompt's full pages at once, before their K/V are written."""
+
+    def allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        num_new_tokens: int,
+        cache_salt: str | None = None,
+    ) -> Allocation:
+        alloc = super().allocate(seq_id, token_ids, num_new_tokens, cache_salt)
+        self.commit(seq_id, list(token_ids)[: alloc.page_table.num_tokens])
+        return alloc
+
+
+class _MostRecentFirstPool(PagePool):
+    def take_fresh(self, count: int, evict: Callable[[int], None]) -> list[int]:
+        taken: list[int] = []
+        for _ in range(count):
+            if self._free:
+                page = self._free.popleft()
+            else:
+                page, _ = self._cached.popitem(last=True)
+                evict(page)
+            self._ref_counts[page] = 1
+            self._num_in_use += 1
+            taken.append(page)
+        return taken
+
+
+class MruEviction(_Mutant):
+    """(d) eviction takes the most recently used cached page instead of the least."""
+
+    def __init__(self, config: KVManagerConfig) -> None:
+        super().__init__(config)
+        self.pool = _MostRecentFirstPool(config.num_pages)
+
+
+class EvictOwnHits(_Mutant):
+    """(e) allocate takes its fresh pages before holding its hits, so eviction can pop a page
+    the same allocation is hitting and hand it out twice."""
+
+    def allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        num_new_tokens: int,
+        cache_salt: str | None = None,
+    ) -> Allocation:
+        if seq_id in self.sequences or not token_ids or num_new_tokens < 1:
+            return super().allocate(seq_id, token_ids, num_new_tokens, cache_salt)
+        hits = self._match(token_ids, cache_salt)
+        num_cached = len(hits) * self.page_size
+        num_tokens = num_cached + num_new_tokens
+        count = -(-num_tokens // self.page_size) - len(hits)
+        pinned = sum(1 for e in hits if self.pool.is_cached(e.page))
+        available = self.pool.num_free + self.pool.num_cached - pinned
+        if count > available:
+            raise OutOfPages(count, available)
+        fresh = self.pool.take_fresh(count, self._evict)
+        for entry in hits:
+            self.pool.hold(entry.page)
+        self.sequences[seq_id] = SequenceState(
+            pages=[e.page for e in hits] + fresh,
+            num_tokens=num_tokens,
+            cache_salt=cache_salt,
+            num_committed_pages=len(hits),
+            chain_tail=hits[-1] if hits else None,
+        )
+        self._freed_ids.pop(seq_id, None)
+        self._query_tokens += len(token_ids)
+        self._hit_tokens += num_cached
+        return Allocation(self.page_table(seq_id), num_cached, len(fresh))
+
+
+class ParentFirstFree(_Mutant):
+    """(f) free queues a chain's pages head first, so a parent is evicted before its tail."""
+
+    def free(self, seq_id: int) -> None:
+        state = self._sequence(seq_id)
+        del self.sequences[seq_id]
+        self._freed_ids[seq_id] = None
+        self.pool.release(state.pages, self._is_published)
+
+
+class SaltBlind(_Mutant):
+    """(g) the cache salt is ignored: requests with different salts share pages."""
+
+    def cached_prefix_length(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        return super().cached_prefix_length(token_ids, None)
+
+    def allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        num_new_tokens: int,
+        cache_salt: str | None = None,
+    ) -> Allocation:
+        return super().allocate(seq_id, token_ids, num_new_tokens, None)
+
+
+class _TrustingIndex(PrefixIndex):
+    """Believes its hash: no verification of tokens, salt or parent."""
+
+    def match(
+        self, token_ids: Sequence[int], salt: str | None, max_pages: int
+    ) -> list[PrefixEntry]:
+        size = self.page_size
+        chain: list[PrefixEntry] = []
+        parent: PrefixEntry | None = None
+        for i in range(min(max_pages, len(token_ids) // size)):
+            entry = self._by_key.get(
+                self.key_of(parent, tuple(token_ids[i * size : (i + 1) * size]), salt)
+            )
+            if entry is None:
+                break
+            chain.append(entry)
+            parent = entry
+        return chain
+
+
+def _order_blind_hash(parent: int | None, token_ids: tuple[int, ...], salt: str | None) -> int:
+    return hash((parent, tuple(sorted(token_ids)), salt))
+
+
+class UnverifiedHash(_Mutant):
+    """(h) a weak page hash (blind to token order) and hits taken on the hash alone."""
+
+    def __init__(self, config: KVManagerConfig) -> None:
+        super().__init__(config, hash_fn=_order_blind_hash)
+        self.index = _TrustingIndex(config.num_pages, config.page_size, _order_blind_hash)
+
+
+class PartialGrow(_Mutant):
+    """(i) a grow that runs out of pages keeps the pages it managed to take."""
+
+    def grow(self, seq_id: int, num_tokens: int) -> PageTable:
+        state = self._sequence(seq_id)
+        needed = -(-num_tokens // self.page_size) - len(state.pages)
+        available = self.pool.num_free + self.pool.num_cached
+        if needed > available:
+            state.pages.extend(self.pool.take_fresh(available, self._evict))
+            state.num_tokens = len(state.pages) * self.page_size
+            raise OutOfPages(needed, available)
+        return super().grow(seq_id, num_tokens)
+
+
+@dataclass(frozen=True)
+class MutantBackend:
+    """A backend whose KVManager is one mutant."""
+
+    name: str
+    manager: type[ReferenceKVManager]
+    capabilities: frozenset[str] = frozenset({"prefix_caching", "eviction", "reset"})
+
+    def create_kv_manager(self, config: KVManagerConfig) -> KVManager:
+        return self.manager(config)
+
+
+def leak_on_free() -> MutantBackend:
+    return MutantBackend("mutant: leak on free", LeakOnFree)
+
+
+def free_shared_page() -> MutantBackend:
+    return MutantBackend("mutant: free a shared page", FreeSharedPage)
+
+
+def publish_before_commit() -> MutantBackend:
+    return MutantBackend("mutant: publish before commit", PublishBeforeCommit)
+
+
+def mru_eviction() -> MutantBackend:
+    return MutantBackend("mutant: evict the most recently used", MruEviction)
+
+
+def evict_own_hits() -> MutantBackend:
+    return MutantBackend("mutant: evict the allocation's own hits", EvictOwnHits)
+
+
+def parent_first_free() -> MutantBackend:
+    return MutantBackend("mutant: queue the parent before the tail", ParentFirstFree)
+
+
+def salt_blind() -> MutantBackend:
+    return MutantBackend("mutant: ignore the salt", SaltBlind)
+
+
+def unverified_hash() -> MutantBackend:
+    return MutantBackend("mutant: trust a weak hash", UnverifiedHash)
+
+
+def partial_grow() -> MutantBackend:
+    return MutantBackend("mutant: keep pages of a failed grow", PartialGrow)
+
+
+#: Every mutant factory, by the name ``--backend mutants:<name>`` takes.
+MUTANTS: dict[str, Callable[[], MutantBackend]] = {
+    f.__name__: f
+    for f in (
+        leak_on_free,
+        free_shared_page,
+        publish_before_commit,
+        mru_eviction,
+        evict_own_hits,
+        parent_first_free,
+        salt_blind,
+        unverified_hash,
+        partial_grow,
+    )
+}
+
+
+# -- backends that are not what they claim, for the plugin's own checks --------------------
+
+
+def not_a_backend() -> object:
+    """A factory whose result lacks the Backend attributes: a usage error."""
+    return object()
+
+
+def no_capabilities() -> MutantBackend:
+    """The reference KVManager declaring no capability: every ``requires`` test is skipped."""
+    return MutantBackend("reference without capabilities", ReferenceKVManager, frozenset())

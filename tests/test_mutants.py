@@ -1,0 +1,134 @@
+"""The KVManager conformance suite can fail: it fails on every mutant in ``tests/mutants.py``
+and passes on the reference. Also checks the plugin's command-line behaviour (bad backends,
+capability skips, the expected-failures file).
+
+Each case runs the suite in a subprocess, as a third party would:
+``python -m pytest --pyargs <suite> --backend mutants:<factory>`` with ``tests/`` on
+``PYTHONPATH`` and the bounded ``ci`` Hypothesis profile.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mutants import MUTANTS
+
+TESTS_DIR = Path(__file__).resolve().parent
+ROOT = TESTS_DIR.parent
+#: The KVManager part of the conformance package.
+KV_SUITE = ("pagedkv_conformance.test_kv_manager", "pagedkv_conformance.test_kv_state_machine")
+EXIT_TESTS_FAILED = 1
+EXIT_USAGE_ERROR = 4
+
+
+def run_suite(
+    backend: str, *args: str, modules: tuple[str, ...] = KV_SUITE, quiet: bool = True
+) -> tuple[int, str]:
+    """Run the conformance suite on ``backend``; returns the exit code and the output."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS_DIR), env.get("PYTHONPATH")) if p)
+    env["PAGEDKV_HYPOTHESIS_PROFILE"] = "ci"
+    env.pop("PAGEDKV_BACKEND", None)
+    command = [sys.executable, "-m", "pytest", "--pyargs", *modules, "--backend", backend]
+    command += ["-q"] if quiet else []
+    command += ["-p", "no:cacheprovider", *args]
+    result = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+def failed_tests(output: str) -> list[str]:
+    """Node ids of the ``FAILED`` lines of pytest's short summary."""
+    return re.findall(r"^FAILED (\S+)", output, re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def reference_passes() -> None:
+    """The suite passes on the reference (else a mutant's failures would prove nothing)."""
+    code, output = run_suite("pagedkv.backend:reference_backend")
+    if code != 0:
+        pytest.fail(f"the suite fails on the reference backend (exit {code}):\n{output[-6000:]}")
+
+
+def test_suite_passes_on_the_reference(reference_passes: None) -> None:
+    """``--backend pagedkv.backend:reference_backend``: every test passes."""
+
+
+@pytest.mark.parametrize("factory", sorted(MUTANTS))
+def test_suite_fails_on_mutant(reference_passes: None, factory: str) -> None:
+    """The suite, stopped at its first failure (``-x``), fails on the mutant with failing
+    tests, not with a usage or collection error."""
+    code, output = run_suite(f"mutants:{factory}", "-x")
+    assert code == EXIT_TESTS_FAILED, f"exit {code}:\n{output[-3000:]}"
+    assert failed_tests(output), output[-3000:]
+    assert re.search(r"\b1 failed\b", output), output[-3000:]
+    assert not re.search(r"\d+ errors?\b", output), output[-3000:]
+
+
+# -- the plugin ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backend", "message"),
+    [
+        ("no-colon", "malformed backend"),
+        ("no_such_module_xyz:factory", "cannot import module"),
+        ("mutants:no_such_factory", "has no attribute"),
+        ("mutants:not_a_backend", "not a pagedkv.interfaces.Backend"),
+    ],
+)
+def test_bad_backend_is_a_usage_error(backend: str, message: str) -> None:
+    """A malformed ``--backend``, a missing module or factory, a non-callable, or a factory
+    returning something that is not a Backend stops the run with a clear usage error."""
+    code, output = run_suite(backend, "--co")
+    assert code == EXIT_USAGE_ERROR, output[-3000:]
+    assert message in output, output[-3000:]
+
+
+def test_report_header_names_the_backend() -> None:
+    """The report header names the backend, where it came from, and its capabilities."""
+    code, output = run_suite("mutants:mru_eviction", "--co", quiet=False)
+    assert code == 0, output[-3000:]
+    name = MUTANTS["mru_eviction"]().name
+    assert f"pagedkv backend: {name} = mutants:mru_eviction (--backend)" in output, output
+    assert "pagedkv capabilities: eviction, prefix_caching, reset" in output, output
+
+
+def test_missing_capabilities_skip_with_the_reason() -> None:
+    """On a backend declaring no capability, tests that require one are skipped with a reason
+    naming it, and the rest pass."""
+    code, output = run_suite(
+        "mutants:no_capabilities", "-rs", modules=("pagedkv_conformance.test_kv_manager",)
+    )
+    assert code == 0, output[-3000:]
+    assert re.search(r"SKIPPED .*does not declare capabilit.*'prefix_caching'", output), output
+    assert re.search(r"\d+ passed, \d+ skipped", output), output[-3000:]
+
+
+def test_expected_failures_file(tmp_path: Path) -> None:
+    """Tests listed in ``--pagedkv-xfail`` run as strict expected failures: listing a
+    mutant's failures makes the run pass; listing a passing test makes it fail (XPASS)."""
+    module = ("pagedkv_conformance.test_kv_manager",)
+    code, output = run_suite("mutants:mru_eviction", modules=module)
+    failures = failed_tests(output)
+    assert code == EXIT_TESTS_FAILED, output[-3000:]
+    assert failures, output[-3000:]
+    listed = tmp_path / "xfail.txt"
+    lines = [f.split("/")[-1] for f in failures]  # file-relative ids match too
+    listed.write_text("# known failures\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    code, output = run_suite("mutants:mru_eviction", f"--pagedkv-xfail={listed}", modules=module)
+    assert code == 0, output[-3000:]
+    assert f"{len(failures)} xfailed" in output, output[-3000:]
+    passing = "test_kv_manager.py::TestKVManager::test_allocating_a_live_id_raises_duplicate"
+    listed.write_text(passing + "\n", encoding="utf-8")
+    code, output = run_suite(
+        "pagedkv.backend:reference_backend", f"--pagedkv-xfail={listed}", modules=module
+    )
+    assert code == EXIT_TESTS_FAILED, output[-3000:]
+    assert "XPASS(strict)" in output, output[-3000:]

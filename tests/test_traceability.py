@@ -1,0 +1,266 @@
+"""Traceability: every MUST in specs/*.md has a test, and every test cites real requirements.
+
+Requirements are lines ``- **KVM-001** MUST — ...`` (or SHOULD) in ``specs/*.md``. Tests cite
+them with ``@pytest.mark.spec("KVM-001", ...)``; citations are found statically (``ast``) in
+every ``.py`` file under ``tests/`` and ``conformance/``, so a test counts wherever it lives and
+whatever backend capabilities it needs.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_DIR = ROOT / "specs"
+SOURCE_DIRS = (ROOT / "tests", ROOT / "conformance")
+
+REQUIREMENT = re.compile(r"^- \*\*([A-Z]{3}-\d{3})\*\* (MUST|SHOULD)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One requirement line of a spec."""
+
+    req_id: str
+    level: str  # "MUST" or "SHOULD"
+    where: str  # file:line
+
+
+@dataclass
+class Citation:
+    """One ``mark.spec`` argument in a source file."""
+
+    req_id: str
+    where: str  # file:line
+
+
+@dataclass
+class TraceReport:
+    """What the scan found; each list is a problem unless empty."""
+
+    requirements: dict[str, Requirement] = field(default_factory=dict)
+    citations: list[Citation] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    not_literal: list[str] = field(default_factory=list)
+
+    @property
+    def cited(self) -> set[str]:
+        return {c.req_id for c in self.citations}
+
+    @property
+    def untested_musts(self) -> list[Requirement]:
+        cited = self.cited
+        return [
+            r for r in self.requirements.values() if r.level == "MUST" and r.req_id not in cited
+        ]
+
+    @property
+    def unknown_citations(self) -> list[Citation]:
+        return [c for c in self.citations if c.req_id not in self.requirements]
+
+
+def parse_requirements(path: Path, report: TraceReport) -> None:
+    """Add the requirement lines of one spec file to ``report``."""
+    text = path.read_text(encoding="utf-8")
+    for match in REQUIREMENT.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        req = Requirement(match.group(1), match.group(2), f"{path.name}:{line}")
+        if req.req_id in report.requirements:
+            first = report.requirements[req.req_id].where
+            report.duplicates.append(f"{req.req_id} at {req.where} (first at {first})")
+        else:
+            report.requirements[req.req_id] = req
+
+
+def _is_spec_mark(func: ast.expr) -> bool:
+    """``pytest.mark.spec`` or ``mark.spec`` (however ``pytest`` or ``mark`` was imported)."""
+    if not (isinstance(func, ast.Attribute) and func.attr == "spec"):
+        return False
+    owner = func.value
+    return (isinstance(owner, ast.Attribute) and owner.attr == "mark") or (
+        isinstance(owner, ast.Name) and owner.id == "mark"
+    )
+
+
+def scan_citations(path: Path, report: TraceReport, label: str | None = None) -> None:
+    """Add every ``mark.spec(...)`` argument of one Python file to ``report``."""
+    name = label or path.name
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _is_spec_mark(node.func):
+            for arg in node.args:
+                where = f"{name}:{arg.lineno}"
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    report.citations.append(Citation(arg.value, where))
+                else:
+                    report.not_literal.append(where)
+
+
+def trace(spec_files: Iterable[Path], source_files: Iterable[tuple[Path, str]]) -> TraceReport:
+    """Scan specs and sources (``(path, label)`` pairs) into one report."""
+    report = TraceReport()
+    for path in sorted(spec_files):
+        parse_requirements(path, report)
+    for path, label in sorted(source_files):
+        scan_citations(path, report, label)
+    return report
+
+
+def project_report() -> TraceReport:
+    """The report for this repository: specs/*.md against tests/ and conformance/."""
+    sources = [
+        (path, str(path.relative_to(ROOT)))
+        for folder in SOURCE_DIRS
+        for path in folder.rglob("*.py")
+        if "__pycache__" not in path.parts
+    ]
+    return trace(SPEC_DIR.glob("*.md"), sources)
+
+
+# -- the project's traceability --------------------------------------------------------------
+
+
+def test_specs_define_requirements_once() -> None:
+    """Every spec file's requirements parse, KVM's among them, and no ID is defined twice."""
+    report = project_report()
+    assert any(r.startswith("KVM-") for r in report.requirements)
+    assert any(r.level == "MUST" for r in report.requirements.values())
+    assert not report.duplicates, "requirement IDs defined twice:\n" + "\n".join(report.duplicates)
+
+
+def test_every_must_has_a_test() -> None:
+    """Each MUST requirement is cited by at least one ``@pytest.mark.spec``."""
+    missing = project_report().untested_musts
+    assert not missing, "MUST requirements without a test:\n" + "\n".join(
+        f"  {r.req_id} ({r.where})" for r in missing
+    )
+
+
+def test_every_cited_id_exists() -> None:
+    """Each ``@pytest.mark.spec`` argument is a string literal naming a defined requirement."""
+    report = project_report()
+    unknown = [f"  {c.req_id} cited at {c.where}" for c in report.unknown_citations]
+    unknown += [f"  non-literal citation at {where}" for where in report.not_literal]
+    assert not unknown, "citations of unknown requirements:\n" + "\n".join(unknown)
+
+
+# -- the scanner itself ----------------------------------------------------------------------
+
+SYNTHETIC_SPEC = """\
+# Synthetic requirements (XYZ)
+
+- **XYZ-001** MUST — the first thing.
+- **XYZ-002** MUST — the second thing,
+  over two lines.
+- **XYZ-003** SHOULD — a nicety; needs no test.
+Prose mentioning **XYZ-004** MUST is not a requirement line.
+"""
+
+SYNTHETIC_TESTS = """\
+import pytest
+from pytest import mark
+
+pytestmark = pytest.mark.spec("XYZ-003")
+
+
+@pytest.mark.spec("XYZ-001", "XYZ-009")
+def test_one():
+    pass
+
+
+@mark.spec("XYZ-001")
+def test_two():
+    pass
+
+
+@pytest.mark.parametrize("x", [pytest.param(1, marks=pytest.mark.spec("ABC-001"))])
+def test_three(x):
+    pass
+
+
+IDS = ("XYZ-002",)
+
+
+@pytest.mark.spec(*IDS)
+def test_four():
+    pass
+
+
+@pytest.mark.other("XYZ-002")
+def test_five():
+    pass
+"""
+
+
+def _synthetic(tmp_path: Path, spec: str, tests: str) -> TraceReport:
+    (tmp_path / "xyz.md").write_text(spec, encoding="utf-8")
+    (tmp_path / "test_xyz.py").write_text(tests, encoding="utf-8")
+    return trace([tmp_path / "xyz.md"], [(tmp_path / "test_xyz.py", "test_xyz.py")])
+
+
+def test_scanner_finds_gaps_and_unknown_ids(tmp_path: Path) -> None:
+    """On a synthetic spec and test file, the scanner parses MUST/SHOULD lines only, finds
+    citations in decorators, module marks and params, reports the untested MUST, the
+    unknown IDs with their lines and the non-literal citation, and ignores other markers."""
+    report = _synthetic(tmp_path, SYNTHETIC_SPEC, SYNTHETIC_TESTS)
+    assert {r: v.level for r, v in report.requirements.items()} == {
+        "XYZ-001": "MUST",
+        "XYZ-002": "MUST",
+        "XYZ-003": "SHOULD",
+    }
+    assert report.requirements["XYZ-002"].where == "xyz.md:4"
+    assert report.cited == {"XYZ-001", "XYZ-003", "XYZ-009", "ABC-001"}
+    assert [r.req_id for r in report.untested_musts] == ["XYZ-002"]
+    assert sorted((c.req_id, c.where) for c in report.unknown_citations) == [
+        ("ABC-001", "test_xyz.py:17"),
+        ("XYZ-009", "test_xyz.py:7"),
+    ]
+    assert report.not_literal == ["test_xyz.py:25"]
+    assert not report.duplicates
+
+
+def test_scanner_passes_a_complete_example_and_flags_duplicates(tmp_path: Path) -> None:
+    """A fully cited spec yields no problem; an ID defined twice is reported."""
+    report = _synthetic(
+        tmp_path,
+        SYNTHETIC_SPEC,
+        'import pytest\n\n@pytest.mark.spec("XYZ-001", "XYZ-002")\ndef test_all():\n    pass\n',
+    )
+    assert not report.untested_musts
+    assert not report.unknown_citations
+    assert not report.not_literal
+    duplicated = _synthetic(tmp_path, SYNTHETIC_SPEC + "- **XYZ-001** SHOULD — again.\n", "")
+    assert duplicated.duplicates == ["XYZ-001 at xyz.md:8 (first at xyz.md:3)"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "- **KVM-001** MUST — x",
+        "- **ENG-123** SHOULD — x",
+    ],
+)
+def test_requirement_pattern_matches(line: str) -> None:
+    """The requirement pattern accepts both levels and any three-letter prefix."""
+    assert REQUIREMENT.match(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "* **KVM-001** MUST — x",
+        "- **KVM-01** MUST — x",
+        "- KVM-001 MUST — x",
+        "- **KVM-001** MAY — x",
+        "  - **KVM-001** MUST — x",
+    ],
+)
+def test_requirement_pattern_rejects(line: str) -> None:
+    """Lines that are not requirement lines do not define requirements."""
+    assert not REQUIREMENT.match(line)
