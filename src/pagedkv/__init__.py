@@ -1,3 +1,34 @@
-"""pagedkv: a spec-driven reference inference engine for Qwen3 on a paged KV cache."""
+"""pagedkv: a spec-driven reference inference engine for Qwen3 on a paged KV cache.
+
+The public API is imported lazily, so that ``import pagedkv.kv`` (the KVManager) never pulls in
+torch (KVM-040).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+__all__ = ["LLM", "EngineConfig", "LLMEngine", "SamplingParams"]
+
+if TYPE_CHECKING:
+    from pagedkv.engine.config import EngineConfig
+    from pagedkv.engine.engine import LLMEngine
+    from pagedkv.engine.llm import LLM
+    from pagedkv.engine.params import SamplingParams
+
+_LAZY = {
+    "LLM": "pagedkv.engine.llm",
+    "LLMEngine": "pagedkv.engine.engine",
+    "EngineConfig": "pagedkv.engine.config",
+    "SamplingParams": "pagedkv.engine.params",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagedkv.interfaces import KVManager, KVManagerConfig
+from pagedkv.interfaces import KVManager, KVManagerConfig, PagedStore, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
 
 if TYPE_CHECKING:
@@ -23,7 +23,9 @@ class ReferenceBackend:
     """pagedkv's own implementations."""
 
     name: str = "pagedkv reference"
-    capabilities: frozenset[str] = frozenset({"prefix_caching", "eviction", "reset", "engine"})
+    capabilities: frozenset[str] = frozenset(
+        {"prefix_caching", "eviction", "reset", "paged_store", "model", "engine", "cuda"}
+    )
 
     def create_kv_manager(self, config: KVManagerConfig) -> KVManager:
         return ReferenceKVManager(config)
@@ -39,6 +41,26 @@ class ReferenceBackend:
         from pagedkv.engine.engine import LLMEngine
 
         return LLMEngine(runner, config, tokenizer=tokenizer, eos_ids=eos_ids)
+
+    def create_paged_store(self, config: StoreConfig) -> PagedStore:
+        from pagedkv.kv.paged_store import TorchPagedStore
+
+        return TorchPagedStore(config)
+
+    def create_model_runner(
+        self,
+        model_dir: str,
+        *,
+        num_pages: int | None,
+        page_size: int,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> StepRunner:
+        from pagedkv.engine.runner import ModelRunner
+
+        return ModelRunner.from_model_dir(
+            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
+        )
 
 
 def reference_backend() -> ReferenceBackend:

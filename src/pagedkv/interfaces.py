@@ -422,3 +422,30 @@ class EngineBackend(Backend, Protocol):
     ) -> Engine:
         """An engine over ``runner``, with a fresh page pool shaped by ``config``."""
         ...
+
+
+@runtime_checkable
+class ModelBackend(Backend, Protocol):
+    """A backend declaring the ``model`` capability runs Qwen3 checkpoints (golden tests)."""
+
+    def create_model_runner(
+        self,
+        model_dir: str,
+        *,
+        num_pages: int | None,
+        page_size: int,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> StepRunner:
+        """A runner for the checkpoint in ``model_dir``; with ``num_pages`` set it owns a paged
+        K/V pool of that many pages, else it can only run cache-less (v0) plans."""
+        ...
+
+
+@runtime_checkable
+class PagedStoreBackend(Backend, Protocol):
+    """A backend declaring the ``paged_store`` capability builds PagedStores."""
+
+    def create_paged_store(self, config: StoreConfig) -> PagedStore:
+        """A store whose pool is preallocated once, shaped by ``config``."""
+        ...

@@ -1,0 +1,375 @@
+"""Engine conformance tests (specs/engine.md), run on the hash model stand-in.
+
+Subclass :class:`EngineSuite` in your own test module to run these against an engine of yours,
+or run the whole suite with ``--backend module:factory``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pagedkv.engine.outputs import FinishReason
+from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
+from pagedkv.errors import InvalidRequest
+from pagedkv.interfaces import Backend
+from pagedkv.testing.hash_runner import next_token
+
+from .engine_harness import (
+    VOCAB,
+    build_engine,
+    greedy,
+    prompts_with_shared_prefix,
+    solo_greedy,
+)
+
+
+@pytest.mark.requires("engine")
+class EngineSuite:
+    """Every engine requirement that can be checked without a real model."""
+
+    # -- outputs are those of the plain path ----------------------------------------------
+
+    @pytest.mark.spec("ENG-001")
+    def test_v1_feeds_only_uncached_positions(self, backend: Backend) -> None:
+        """One prompt of 13 tokens, 6 generated: the model sees 13 positions, then 1 a step."""
+        eut = build_engine(backend)
+        prompt = list(range(13))
+        (out,) = eut.run([prompt], greedy(max_tokens=6))
+        assert list(out.token_ids) == solo_greedy(prompt, 6)
+        assert eut.runner.tokens_per_step == [13, 1, 1, 1, 1, 1]
+
+    @pytest.mark.spec("ENG-001", "ENG-003")
+    def test_v0_recomputes_everything(self, backend: Backend) -> None:
+        """v0 feeds the whole sequence every step and yields the same tokens as v1."""
+        eut = build_engine(backend, mode="v0")
+        prompt = list(range(13))
+        (out,) = eut.run([prompt], greedy(max_tokens=6))
+        assert list(out.token_ids) == solo_greedy(prompt, 6)
+        assert eut.runner.tokens_per_step == [13, 14, 15, 16, 17, 18]
+
+    @pytest.mark.spec("ENG-002", "ENG-003")
+    @pytest.mark.parametrize("mode", ["v1", "v0"])
+    @pytest.mark.parametrize("page_size", [1, 4, 5, 16])
+    def test_batch_equals_solo(self, backend: Backend, mode: str, page_size: int) -> None:
+        """Greedy outputs of a ragged batch equal each request's solo run, in v0 and v1."""
+        prompts = prompts_with_shared_prefix(7, prefix_len=11, seed=page_size)
+        prompts.append(list(range(2 * page_size)))  # a length that is a multiple of the page
+        eut = build_engine(backend, page_size=page_size, num_pages=512, mode=mode)
+        outs = eut.run(prompts, greedy(max_tokens=9))
+        for prompt, out in zip(prompts, outs, strict=True):
+            assert list(out.token_ids) == solo_greedy(prompt, 9)
+
+    # -- requests ------------------------------------------------------------------------
+
+    @pytest.mark.spec("ENG-010")
+    def test_invalid_prompts_raise_and_queue_nothing(self, backend: Backend) -> None:
+        eut = build_engine(backend)
+        engine = eut.engine
+        with pytest.raises(InvalidRequest):
+            engine.add_request([], greedy())
+        with pytest.raises(InvalidRequest):
+            engine.add_request([1, VOCAB], greedy())
+        with pytest.raises(InvalidRequest):
+            engine.add_request([1, -1], greedy())
+        with pytest.raises(InvalidRequest):
+            engine.add_request("text needs a tokenizer", greedy())
+        assert not engine.has_unfinished_requests()
+        rid = engine.add_request([1, 2, 3], greedy(), request_id="same")
+        with pytest.raises(InvalidRequest):
+            engine.add_request([4, 5], greedy(), request_id="same")
+        assert rid == "same"
+        (out,) = eut.finish([rid])
+        assert list(out.token_ids) == solo_greedy([1, 2, 3], 12)
+
+    @pytest.mark.spec("ENG-011")
+    def test_budgets_are_respected_and_steps_mix(self, backend: Backend) -> None:
+        """No step exceeds the token or sequence budget; some step mixes decode and prefill."""
+        eut = build_engine(backend, max_num_batched_tokens=16, max_num_seqs=3, num_pages=256)
+        prompts = prompts_with_shared_prefix(6, prefix_len=9, seed=3, max_suffix=20)
+        outs = eut.run(prompts, greedy(max_tokens=5))
+        for prompt, out in zip(prompts, outs, strict=True):
+            assert list(out.token_ids) == solo_greedy(prompt, 5)
+        assert all(sum(step) <= 16 for step in eut.runner.steps)
+        assert all(len(step) <= 3 for step in eut.runner.steps)
+        mixed = [s for s in eut.runner.steps if 1 in s and any(n > 1 for n in s)]
+        assert mixed, f"no step mixed decode and prefill: {eut.runner.steps}"
+
+    @pytest.mark.spec("ENG-012", "ENG-015")
+    def test_abort_frees_every_page(self, backend: Backend) -> None:
+        eut = build_engine(backend)
+        engine = eut.engine
+        ids = [engine.add_request(p, greedy(max_tokens=50)) for p in [[1] * 30, [2] * 9]]
+        engine.step()
+        engine.step()
+        assert engine.stats().pages_in_use > 0
+        first = engine.abort(ids[0])
+        assert first is not None
+        assert first.finished
+        assert first.finish_reason is FinishReason.ABORT
+        engine.check_invariants()
+        engine.abort(ids[1])
+        assert engine.stats().pages_in_use == 0
+        assert not engine.has_unfinished_requests()
+        assert engine.abort(ids[1]) is None  # already gone
+        waiting = engine.add_request([3] * 5, greedy())
+        aborted = engine.abort(waiting)  # never scheduled: still leaves nothing behind
+        assert aborted is not None
+        assert aborted.finish_reason is FinishReason.ABORT
+        assert engine.stats().pages_in_use == 0
+
+    @pytest.mark.spec("ENG-013")
+    def test_stream_yields_tokens_in_order(self, backend: Backend) -> None:
+        eut = build_engine(backend)
+        other = eut.engine.add_request([7, 7, 7], greedy(max_tokens=30))
+        prompt = [5, 4, 3, 2, 1]
+        streamed: list[int] = []
+        outputs = list(eut.engine.stream(prompt, greedy(max_tokens=8)))
+        for output in outputs:
+            streamed.extend(output.new_token_ids)
+        assert streamed == solo_greedy(prompt, 8)
+        assert [o.finished for o in outputs] == [False] * 7 + [True]
+        assert list(outputs[-1].token_ids) == streamed
+        eut.engine.abort(other)
+
+    @pytest.mark.spec("ENG-013", "ENG-015")
+    def test_closing_a_stream_aborts_it(self, backend: Backend) -> None:
+        eut = build_engine(backend)
+        stream = eut.engine.stream([1, 2, 3, 4, 5, 6], greedy(max_tokens=40))
+        next(stream)
+        next(stream)
+        stream.close()
+        assert not eut.engine.has_unfinished_requests()
+        assert eut.engine.stats().pages_in_use == 0
+
+    # -- prefix caching ------------------------------------------------------------------
+
+    @pytest.mark.spec("ENG-020", "ENG-022")
+    def test_shared_three_page_prefix_computes_only_the_suffix(self, backend: Backend) -> None:
+        eut = build_engine(backend, page_size=4)
+        prefix = [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12]  # 3 full pages
+        first, second = prefix + [40, 41], prefix + [50, 51, 52]
+        (a,) = eut.run([first], greedy(max_tokens=4))
+        fed_before = len(eut.runner.steps)
+        (b,) = eut.run([second], greedy(max_tokens=4))
+        assert list(b.token_ids) == solo_greedy(second, 4)
+        assert a.metrics.cached_tokens == 0
+        assert b.metrics.cached_tokens == 12
+        assert eut.runner.steps[fed_before] == [3]  # only the suffix was fed
+        stats = eut.engine.stats()
+        assert stats.hit_tokens == 12
+        assert stats.query_tokens == len(first) + len(second)
+        assert math.isclose(stats.hit_rate, 12 / (len(first) + len(second)))
+
+    @pytest.mark.spec("ENG-021")
+    def test_cached_pages_survive_until_evicted(self, backend: Backend) -> None:
+        eut = build_engine(backend, page_size=4, num_pages=8)
+        prompt = list(range(13))
+        eut.run([prompt], greedy(max_tokens=2))
+        assert eut.engine.stats().pages_cached > 0
+        (again,) = eut.run([prompt + [1]], greedy(max_tokens=2))
+        assert again.metrics.cached_tokens == 12
+        eut.run([[99] * 25], greedy(max_tokens=6))  # needs every page: evicts the cache
+        (after,) = eut.run([prompt + [1]], greedy(max_tokens=2))
+        assert after.metrics.cached_tokens == 0
+        assert list(after.token_ids) == solo_greedy(prompt + [1], 2)
+
+    @pytest.mark.spec("ENG-023")
+    def test_cache_salt_isolates(self, backend: Backend) -> None:
+        eut = build_engine(backend)
+        prompt = list(range(20))
+        eut.run([prompt], greedy(max_tokens=2), cache_salt="tenant-a")
+        (other,) = eut.run([prompt], greedy(max_tokens=2), cache_salt="tenant-b")
+        (same,) = eut.run([prompt], greedy(max_tokens=2), cache_salt="tenant-a")
+        assert other.metrics.cached_tokens == 0
+        assert same.metrics.cached_tokens == 16
+
+    @pytest.mark.spec("ENG-024")
+    def test_prefix_caching_off_changes_only_the_work(self, backend: Backend) -> None:
+        prompts = prompts_with_shared_prefix(6, prefix_len=21, seed=5)
+        results = {}
+        for enabled in (True, False):
+            eut = build_engine(backend, enable_prefix_caching=enabled, max_num_seqs=1)
+            outs = eut.run(prompts, greedy(max_tokens=6))
+            results[enabled] = ([list(o.token_ids) for o in outs], eut.engine.stats())
+        (on_tokens, on), (off_tokens, off) = results[True], results[False]
+        assert on_tokens == off_tokens
+        assert off.hit_tokens == 0
+        assert on.hit_tokens == 5 * 20  # five later prompts each reuse 5 pages of 4
+        assert off.prefill_tokens_computed - on.prefill_tokens_computed == on.hit_tokens
+
+    @pytest.mark.spec("ENG-025")
+    def test_pages_are_not_shared_before_they_are_written(self, backend: Backend) -> None:
+        """Two requests with one prefix, admitted in the same step, both compute it."""
+        eut = build_engine(backend)
+        prompt = list(range(17))
+        outs = eut.run([prompt + [1], prompt + [2]], greedy(max_tokens=3))
+        assert [o.metrics.cached_tokens for o in outs] == [0, 0]
+        (later,) = eut.run([prompt + [3]], greedy(max_tokens=3))
+        assert later.metrics.cached_tokens == 16
+
+    # -- scheduling ----------------------------------------------------------------------
+
+    @pytest.mark.spec("ENG-030")
+    def test_first_come_first_served(self, backend: Backend) -> None:
+        eut = build_engine(backend, max_num_seqs=1)
+        ids = [eut.engine.add_request([i + 1] * 3, greedy(max_tokens=3)) for i in range(4)]
+        order: list[str] = []
+        while eut.engine.has_unfinished_requests():
+            order.extend(o.request_id for o in eut.engine.step() if o.finished)
+        assert order == ids
+
+    @pytest.mark.spec("ENG-031")
+    def test_chunked_prefill(self, backend: Backend) -> None:
+        eut = build_engine(backend, max_num_batched_tokens=5)
+        prompt = list(range(23))
+        (out,) = eut.run([prompt], greedy(max_tokens=3))
+        assert list(out.token_ids) == solo_greedy(prompt, 3)
+        assert eut.runner.tokens_per_step == [5, 5, 5, 5, 3, 1, 1]
+
+    @pytest.mark.spec("ENG-032", "ENG-015")
+    def test_preemption_keeps_outputs(self, backend: Backend) -> None:
+        prompts = prompts_with_shared_prefix(6, prefix_len=6, seed=11)
+        eut = build_engine(backend, page_size=4, num_pages=14, max_num_seqs=6)
+        outs = eut.run(prompts, greedy(max_tokens=20))
+        for prompt, out in zip(prompts, outs, strict=True):
+            assert list(out.token_ids) == solo_greedy(prompt, 20)
+        assert eut.engine.stats().preemptions > 0
+        assert outs[0].metrics.preemptions == 0  # the oldest request is never the victim
+        assert any(o.metrics.preemptions for o in outs[1:])
+        assert eut.engine.stats().pages_in_use == 0
+
+    @pytest.mark.spec("ENG-033")
+    def test_requests_that_can_never_fit_are_refused(self, backend: Backend) -> None:
+        eut = build_engine(backend, page_size=4, num_pages=8, max_model_len=64)
+        with pytest.raises(InvalidRequest):  # 8 pages hold 32 positions
+            eut.engine.add_request(list(range(30)), greedy(max_tokens=5))
+        long = build_engine(backend, num_pages=512, max_model_len=20)
+        with pytest.raises(InvalidRequest):
+            long.engine.add_request(list(range(16)), greedy(max_tokens=5))
+        assert not eut.engine.has_unfinished_requests()
+        (fits,) = eut.run([list(range(27))], greedy(max_tokens=5))  # exactly 32 positions
+        assert len(fits.token_ids) == 5
+
+    # -- sampling ------------------------------------------------------------------------
+
+    @pytest.mark.spec("ENG-040")
+    @pytest.mark.parametrize(
+        ("params", "allowed"),
+        [
+            (SamplingParams(max_tokens=30, temperature=1.0, top_k=3, seed=1), 3),
+            (SamplingParams(max_tokens=30, temperature=2.0, top_p=0.6, seed=2), 4),
+            (SamplingParams(max_tokens=30, temperature=1.0, min_p=0.5, seed=3), 2),
+            (SamplingParams(max_tokens=30, temperature=1.0, top_k=1, seed=4), 1),
+        ],
+    )
+    def test_sampling_filters(self, backend: Backend, params: SamplingParams, allowed: int) -> None:
+        """The hash model's logits fall by 0.5 per step of distance from the next token, so
+        top-k=3 keeps distances 0-2, min-p=0.5 keeps 0-1 (e^-0.5 > 0.5 > e^-1), and top-p=0.6
+        at temperature 2 keeps 0-3 (the mass before distance 3 is 0.53, before 4 it is 0.63)."""
+        eut = build_engine(backend)
+        prompt = [3, 1, 4, 1, 5]
+        (out,) = eut.run([prompt], params)
+        context = list(prompt)
+        distances = []
+        for token in out.token_ids:
+            distances.append((token - next_token(context, VOCAB)) % VOCAB)
+            context.append(token)
+        assert max(distances) < allowed, distances
+        if allowed > 1:
+            assert len(set(distances)) > 1, "sampling never left the argmax"
+
+    @pytest.mark.spec("ENG-041")
+    def test_seeded_sampling_ignores_batch_composition(self, backend: Backend) -> None:
+        params = SamplingParams(max_tokens=15, temperature=1.5, seed=1234)
+        prompt = [2, 7, 1, 8, 2, 8]
+        (alone,) = build_engine(backend).run([prompt], params)
+        crowd = build_engine(backend, max_num_batched_tokens=7)
+        others = prompts_with_shared_prefix(5, prefix_len=4, seed=9)
+        mixed = [SamplingParams(max_tokens=9, temperature=1.0, seed=i) for i in range(5)]
+        outs = crowd.run([*others[:2], prompt, *others[2:]], [*mixed[:2], params, *mixed[2:]])
+        assert outs[2].token_ids == alone.token_ids
+        (again,) = build_engine(backend).run([prompt], params)
+        assert again.token_ids == alone.token_ids
+
+    @pytest.mark.spec("ENG-042")
+    def test_stop_conditions(self, backend: Backend) -> None:
+        prompt = [10, 20, 30]
+        expected = solo_greedy(prompt, 10)
+        eut = build_engine(backend, eos_ids=frozenset({expected[4]}))
+        (by_eos,) = eut.run([prompt], greedy(max_tokens=10))
+        assert list(by_eos.token_ids) == expected[:5]
+        assert by_eos.finish_reason is FinishReason.STOP
+        (ignored,) = eut.run(
+            [prompt], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+        )
+        assert list(ignored.token_ids) == expected
+        assert ignored.finish_reason is FinishReason.LENGTH
+        stop_at = SamplingParams(max_tokens=10, temperature=0, stop_token_ids=(expected[2],))
+        (by_token,) = build_engine(backend).run([prompt], stop_at)
+        assert list(by_token.token_ids) == expected[: expected.index(expected[2]) + 1]
+        assert by_token.finish_reason is FinishReason.STOP
+
+    @pytest.mark.spec("ENG-044")
+    def test_logprobs(self, backend: Backend) -> None:
+        params = SamplingParams(max_tokens=4, temperature=0, logprobs=3)
+        (out,) = build_engine(backend).run([[1, 2, 3]], params)
+        assert out.logprobs is not None
+        assert len(out.logprobs) == 4
+        for token, entry in zip(out.token_ids, out.logprobs, strict=True):
+            assert entry.token_id == token
+            assert len(entry.top) == 3
+            assert entry.top[0][0] == token  # greedy picks the most likely
+            values = [v for _, v in entry.top]
+            assert values == sorted(values, reverse=True)
+            assert sum(math.exp(v) for v in values) <= 1.0 + 1e-6
+            assert math.isclose(entry.logprob, values[0], abs_tol=1e-6)
+            assert math.isclose(values[0] - values[1], 0.5, abs_tol=1e-4)
+
+    @pytest.mark.spec("ENG-045")
+    @pytest.mark.parametrize(
+        "bad",
+        [
+            {"max_tokens": 0},
+            {"temperature": -0.1},
+            {"temperature": float("nan")},
+            {"top_p": 0.0},
+            {"top_p": 1.5},
+            {"top_k": -2},
+            {"min_p": 1.5},
+            {"logprobs": -1},
+            {"stop": ("",)},
+            {"stop_token_ids": (-3,)},
+        ],
+    )
+    def test_invalid_sampling_params(self, bad: dict[str, object]) -> None:
+        with pytest.raises(InvalidSamplingParams):
+            SamplingParams(**bad)  # type: ignore[arg-type]
+
+    # -- metrics -------------------------------------------------------------------------
+
+    @pytest.mark.spec("ENG-050")
+    def test_metrics(self, backend: Backend) -> None:
+        eut = build_engine(backend)
+        prompt = list(range(9))
+        eut.run([prompt], greedy(max_tokens=3))
+        (out,) = eut.run([prompt + [1]], greedy(max_tokens=5))
+        m = out.metrics
+        assert m.prompt_tokens == 10
+        assert m.cached_tokens == 8
+        assert m.generated_tokens == 5
+        assert out.finish_reason is FinishReason.LENGTH
+        assert m.ttft is not None
+        assert m.ttft >= 0
+        assert m.decode_time is not None
+        assert m.decode_time >= 0
+        stats = eut.engine.stats()
+        assert stats.pages_in_use == 0
+        assert stats.pages_free + stats.pages_cached == stats.num_pages == 64
+        assert stats.peak_pages_in_use == 4  # 14 positions computed at the last step
+        assert stats.steps == 8
+        assert stats.tokens_computed == 9 + 2 + 2 + 4
+        assert math.isclose(stats.tokens_per_step, stats.tokens_computed / 8)
+        assert stats.preemptions == 0
+        assert (stats.running, stats.waiting) == (0, 0)
