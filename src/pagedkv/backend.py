@@ -7,10 +7,11 @@ zero-argument factory named ``module:factory`` (``--backend`` / ``PAGEDKV_BACKEN
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pagedkv.interfaces import KVManager, KVManagerConfig, PagedStore, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
+from pagedkv.kv.radix_index import RadixPrefixIndex
 
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
@@ -20,14 +21,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ReferenceBackend:
-    """pagedkv's own implementations."""
+    """pagedkv's own implementations.
+
+    Attributes:
+        prefix_index: ``hash`` (chained hash, verified against token ids) or ``radix`` (a tree
+            of pages keyed by token ids); the KVManager and engines built here use it.
+    """
 
     name: str = "pagedkv reference"
+    prefix_index: Literal["hash", "radix"] = "hash"
     capabilities: frozenset[str] = frozenset(
         {"prefix_caching", "eviction", "reset", "paged_store", "model", "engine", "cuda"}
     )
 
     def create_kv_manager(self, config: KVManagerConfig) -> KVManager:
+        if self.prefix_index == "radix":
+            index = RadixPrefixIndex(config.num_pages, config.page_size)
+            return ReferenceKVManager(config, index=index)
         return ReferenceKVManager(config)
 
     def create_engine(
@@ -40,7 +50,10 @@ class ReferenceBackend:
     ) -> Engine:
         from pagedkv.engine.engine import LLMEngine
 
-        return LLMEngine(runner, config, tokenizer=tokenizer, eos_ids=eos_ids)
+        kv = self.create_kv_manager(
+            KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
+        )
+        return LLMEngine(runner, config, kv_manager=kv, tokenizer=tokenizer, eos_ids=eos_ids)
 
     def create_paged_store(self, config: StoreConfig) -> PagedStore:
         from pagedkv.kv.paged_store import TorchPagedStore
@@ -66,3 +79,9 @@ class ReferenceBackend:
 def reference_backend() -> ReferenceBackend:
     """Factory for ``--backend pagedkv.backend:reference_backend``."""
     return ReferenceBackend()
+
+
+def radix_backend() -> ReferenceBackend:
+    """Factory for ``--backend pagedkv.backend:radix_backend``: the reference with its prefix
+    index swapped for the radix tree, held to the same suite."""
+    return ReferenceBackend(name="pagedkv reference, radix prefix index", prefix_index="radix")

@@ -21,7 +21,13 @@ from pagedkv.errors import (
 from pagedkv.interfaces import Allocation, KVManagerConfig, KVStats, PageTable
 from pagedkv.kv.invariants import check_manager_invariants
 from pagedkv.kv.page_pool import PagePool
-from pagedkv.kv.prefix_index import HashFn, PrefixEntry, PrefixIndex, builtin_page_hash
+from pagedkv.kv.prefix_index import (
+    HashFn,
+    PrefixEntry,
+    PrefixIndex,
+    PrefixLookup,
+    builtin_page_hash,
+)
 
 #: How many freed sequence ids are remembered to tell a double free from an unknown id.
 FREED_IDS_REMEMBERED = 65536
@@ -53,12 +59,23 @@ def _pages_for(num_tokens: int, page_size: int) -> int:
 
 
 class ReferenceKVManager:
-    """Free list + O(1) LRU + chained-hash prefix index with token verification."""
+    """Free list + O(1) LRU + a prefix index of full pages.
 
-    def __init__(self, config: KVManagerConfig, hash_fn: HashFn = builtin_page_hash) -> None:
+    The index is the chained-hash :class:`PrefixIndex` with token verification, built with
+    ``hash_fn``, unless another :class:`PrefixLookup` (such as the radix tree) is given.
+    """
+
+    def __init__(
+        self,
+        config: KVManagerConfig,
+        hash_fn: HashFn = builtin_page_hash,
+        index: PrefixLookup | None = None,
+    ) -> None:
         self.config = config
         self.pool = PagePool(config.num_pages)
-        self.index = PrefixIndex(config.num_pages, config.page_size, hash_fn)
+        self.index: PrefixLookup = (
+            index if index is not None else PrefixIndex(config.num_pages, config.page_size, hash_fn)
+        )
         self.sequences: dict[int, SequenceState] = {}
         self._freed_ids: OrderedDict[int, None] = OrderedDict()
         self._query_tokens = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 #: ``hash_fn(parent_key, page_token_ids, cache_salt) -> key``; ``parent_key`` is ``None`` for
 #: the first page of a prompt.
@@ -39,6 +40,47 @@ class PrefixEntry:
     token_ids: tuple[int, ...]
     cache_salt: str | None
     parent: PrefixEntry | None
+
+
+class PrefixLookup(Protocol):
+    """What the KVManager needs of a prefix index of full pages.
+
+    Two implementations: :class:`PrefixIndex` (chained hash, verified) and
+    :class:`~pagedkv.kv.radix_index.RadixPrefixIndex` (a tree of pages keyed by token ids).
+    """
+
+    def __len__(self) -> int:
+        """Entries published."""
+        ...
+
+    def entry_of(self, page: int) -> PrefixEntry | None:
+        """The entry published for ``page``, if any."""
+        ...
+
+    def entries(self) -> list[PrefixEntry]:
+        """Every entry (for checks)."""
+        ...
+
+    def match(
+        self, token_ids: Sequence[int], salt: str | None, max_pages: int
+    ) -> list[PrefixEntry]:
+        """The longest chain of entries for the leading full pages of ``token_ids``; pure."""
+        ...
+
+    def publish(
+        self, page: int, parent: PrefixEntry | None, token_ids: tuple[int, ...], salt: str | None
+    ) -> PrefixEntry | None:
+        """Publish ``page`` after ``parent``: its entry, an equal existing one, or ``None`` when
+        the chain cannot go on."""
+        ...
+
+    def remove_page(self, page: int) -> None:
+        """Drop the entry of ``page``."""
+        ...
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        ...
 
 
 class PrefixIndex:
