@@ -136,6 +136,43 @@ class GoldenSuite:
                     got, expected, prompts, golden_checkpoints, (preset, dtype, "cuda"), allowance
                 )
 
+    @pytest.mark.spec("GLD-027")
+    @pytest.mark.parametrize(("mode", "page_size"), [("v1", 16), ("v1", 5), ("v0", 16)])
+    def test_default_model_matches_transformers(
+        self, backend: Backend, model_device: str, mode: CacheMode, page_size: int
+    ) -> None:
+        """The embedded default model, on text through its tokenizer, in float32."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from pagedkv.assets import default_model_dir
+
+        path = default_model_dir()
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        texts = ["def read_config(path):\n", "import os\nimport sys\n", "class Parser("]
+        prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        auto_model: Any = AutoModelForCausalLM
+        reference = auto_model.from_pretrained(
+            str(path), dtype=torch.float32, attn_implementation="eager", local_files_only=True
+        ).to(model_device)
+        expected = []
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device=model_device)
+            with torch.no_grad():
+                out = reference.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=32,
+                    min_new_tokens=32,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )
+            expected.append(out[0, len(prompt) :].tolist())
+        engine, _ = model_engine(
+            backend, path, page_size=page_size, mode=mode, device=model_device, num_pages=64
+        )
+        assert greedy_outputs(engine, prompts, max_tokens=32) == expected
+
     @pytest.mark.spec("GLD-024")
     def test_real_checkpoint(self, backend: Backend, model_device: str) -> None:
         """A real Qwen3 checkpoint from ``$PAGEDKV_QWEN3_PATH``, on real text."""
