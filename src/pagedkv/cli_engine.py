@@ -1,0 +1,138 @@
+"""Command-line flags shared by the commands that build an engine, and the engine they build.
+
+Heavy modules (torch, transformers) are imported only when an engine is actually loaded, so
+``--help`` and flag errors stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pagedkv.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from pagedkv.engine.config import EngineConfig
+    from pagedkv.engine.engine import LLMEngine
+
+DTYPES = ("float32", "bfloat16", "float16")
+#: Width of wrapped help text, characters.
+HELP_WIDTH = 79
+
+
+def wrap(text: str) -> str:
+    """``text`` wrapped for a help screen whose formatter keeps descriptions as written."""
+    return textwrap.fill(text, HELP_WIDTH)
+
+
+def add_model_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        default=None,
+        help="Hugging Face format Qwen3 directory (config.json, *.safetensors, tokenizer "
+        "files); default: the small model embedded in pagedkv",
+    )
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """The KV pool, batching budgets, dtype and device flags (see ``EngineConfig``)."""
+    group = parser.add_argument_group("engine")
+    group.add_argument(
+        "--page-size",
+        type=int,
+        default=16,
+        metavar="N",
+        help="token positions per KV page (default 16)",
+    )
+    group.add_argument(
+        "--num-pages", type=int, default=512, metavar="N", help="KV pages in the pool (default 512)"
+    )
+    group.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=64,
+        metavar="N",
+        help="most sequences in one step (default 64)",
+    )
+    group.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        metavar="N",
+        help="most token positions computed in one step; longer prompts are prefilled in "
+        "chunks (default 512)",
+    )
+    group.add_argument(
+        "--max-model-len",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="most positions one sequence may reach, prompt included (default 2048)",
+    )
+    group.add_argument(
+        "--dtype", choices=DTYPES, default="float32", help="parameter dtype (default float32)"
+    )
+    group.add_argument(
+        "--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)"
+    )
+    group.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="do not reuse cached KV pages across requests",
+    )
+
+
+def resolve_model_dir(value: str | None) -> Path:
+    """The model directory a ``--model`` value names (the embedded model for ``None``).
+
+    Raises:
+        CheckpointError: the directory does not exist, or the embedded model is missing.
+    """
+    if value is None:
+        from pagedkv.assets import default_model_dir, has_default_model
+
+        if not has_default_model():
+            raise CheckpointError(
+                "the embedded default model is missing from this installation; pass --model DIR"
+            )
+        return default_model_dir()
+    path = Path(value)
+    if not path.exists():
+        raise CheckpointError(f"model directory {value} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"{value} is not a directory")
+    return path
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine configuration the flags ask for.
+
+    Raises:
+        InvalidRequest: a value is out of range; the message names the field.
+    """
+    from pagedkv.engine.config import EngineConfig
+
+    return EngineConfig(
+        page_size=args.page_size,
+        num_pages=args.num_pages,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+
+
+def load_engine(model_dir: Path, config: EngineConfig, args: argparse.Namespace) -> LLMEngine:
+    """Load the checkpoint in ``model_dir`` with ``--dtype`` and ``--device``.
+
+    Raises:
+        CheckpointError: a missing or malformed file (``UnsupportedModel`` for an architecture
+            pagedkv does not implement).
+        InvalidRequest: a bad dtype or device.
+    """
+    from pagedkv.engine.engine import LLMEngine
+
+    return LLMEngine.from_model_dir(model_dir, config, dtype=args.dtype, device=args.device)

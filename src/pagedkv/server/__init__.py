@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: :func:`pagedkv.server.app.create_app`."""

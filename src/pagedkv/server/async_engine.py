@@ -1,0 +1,368 @@
+"""An asyncio front for the synchronous :class:`~pagedkv.engine.engine.LLMEngine`.
+
+One background thread owns the engine: it alone tokenizes, adds, steps and aborts, so the
+engine needs no locks. Request handlers submit work through a thread-safe command queue and
+receive each request's outputs on their own ``asyncio.Queue``, filled from the engine thread
+with ``loop.call_soon_threadsafe``. The thread steps while any request is unfinished and
+sleeps on the command queue otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from pagedkv.engine.engine import LLMEngine
+from pagedkv.engine.outputs import EngineStats, RequestOutput
+from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.tokenizer import Message
+from pagedkv.errors import InvalidRequest, PagedKVError
+from pagedkv.server.metrics import ServingMetrics
+
+#: Seconds the engine thread waits for a command when a step scheduled nothing.
+IDLE_POLL_S = 0.005
+#: Seconds ``shutdown`` waits for the engine thread to end.
+SHUTDOWN_TIMEOUT_S = 10.0
+
+
+class EngineUnavailable(PagedKVError):
+    """The engine thread is not running (not started, stopped, or stopping)."""
+
+
+class EngineFailure(PagedKVError):
+    """A step raised; every request in flight at that moment was ended with this error."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """A conversation, rendered through the tokenizer's chat template on the engine thread."""
+
+    messages: tuple[Message, ...]
+
+
+#: What a request generates from: text, token ids, or a conversation.
+PromptInput = str | tuple[int, ...] | ChatPrompt
+
+
+@dataclass(frozen=True, slots=True)
+class StreamItem:
+    """One step's output of one prompt of a submission.
+
+    Attributes:
+        index: position of the prompt in the submission.
+        output: the engine's output for that step.
+        token_texts: text of every token id in this step's new logprobs entries (chosen and
+            top tokens), when the submission asked for them; else empty.
+    """
+
+    index: int
+    output: RequestOutput
+    token_texts: Mapping[int, str]
+
+
+class _Sink:
+    """Hands items from the engine thread to one asyncio queue."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, items: asyncio.Queue[StreamItem | BaseException]
+    ) -> None:
+        self._loop = loop
+        self._items = items
+
+    def put(self, item: StreamItem | BaseException) -> None:
+        # a closed loop raises RuntimeError: nobody is listening any more
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    request_ids: tuple[str, ...]
+    prompts: tuple[PromptInput, ...]
+    params: SamplingParams
+    fill_context: bool
+    token_texts: bool
+    sink: _Sink
+    accepted: concurrent.futures.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_ids: tuple[str, ...]
+
+
+class _Stop:
+    pass
+
+
+_Command = _Submit | _Abort | _Stop
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    sink: _Sink
+    index: int
+    token_texts: bool
+
+
+class GenerationStream:
+    """The outputs of one accepted submission, consumed on the event loop."""
+
+    def __init__(
+        self,
+        bridge: AsyncEngine,
+        request_ids: tuple[str, ...],
+        items: asyncio.Queue[StreamItem | BaseException],
+    ) -> None:
+        self.request_ids = request_ids
+        self._bridge = bridge
+        self._items = items
+        self._unfinished = set(request_ids)
+
+    @property
+    def finished(self) -> bool:
+        return not self._unfinished
+
+    async def __aiter__(self) -> AsyncIterator[StreamItem]:
+        """Yield items in step order until every prompt has finished.
+
+        Raises:
+            EngineFailure: a step failed; the requests are already ended.
+            EngineUnavailable: the engine stopped; the requests are already ended.
+        """
+        while self._unfinished:
+            item = await self._items.get()
+            if isinstance(item, BaseException):
+                self._unfinished.clear()
+                raise item
+            if item.output.finished:
+                self._unfinished.discard(item.output.request_id)
+            yield item
+
+    def abort(self) -> None:
+        """End every unfinished prompt of the submission and free its pages. Idempotent."""
+        if self._unfinished:
+            self._bridge.abort(tuple(self._unfinished))
+            self._unfinished.clear()
+
+
+class AsyncEngine:
+    """Owns an engine on a background thread; see the module docstring.
+
+    Call :meth:`start` before submitting and :meth:`shutdown` at the end; both are called from
+    the thread that owns the event loop.
+    """
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self._engine = engine
+        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._routes: dict[str, _Route] = {}
+        self._thread: threading.Thread | None = None
+        self._stats = engine.stats()
+        self.metrics = ServingMetrics()
+        self.max_model_len = engine.max_model_len
+
+    # -- lifecycle (event-loop side) --------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise EngineUnavailable("the engine thread was already started")
+        self._thread = threading.Thread(target=self._run, name="pagedkv-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        """Abort every request in flight and stop the engine thread."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._commands.put(_Stop())
+            thread.join(SHUTDOWN_TIMEOUT_S)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stats(self) -> EngineStats:
+        """The engine's counters as of the end of its latest step or command."""
+        return self._stats
+
+    # -- requests (event-loop side) ---------------------------------------------------------
+
+    async def submit(
+        self,
+        prompts: Sequence[PromptInput],
+        params: SamplingParams,
+        *,
+        fill_context: bool = False,
+        token_texts: bool = False,
+    ) -> GenerationStream:
+        """Queue one request per prompt, all or none.
+
+        Args:
+            prompts: at least one prompt.
+            params: sampling parameters shared by every prompt.
+            fill_context: replace ``params.max_tokens`` by the positions left in the model's
+                context after each prompt.
+            token_texts: decode the token ids of logprobs entries (see :class:`StreamItem`).
+
+        Raises:
+            InvalidRequest: a prompt is invalid or can never fit (``RequestTooLong``); nothing
+                was queued.
+            EngineUnavailable: the engine thread is not running.
+        """
+        if not self.is_running:
+            raise EngineUnavailable("the engine is not running")
+        if not prompts:
+            raise InvalidRequest("the prompt is empty")
+        items: asyncio.Queue[StreamItem | BaseException] = asyncio.Queue()
+        base = uuid.uuid4().hex
+        request_ids = tuple(f"{base}-{i}" for i in range(len(prompts)))
+        accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
+        sink = _Sink(asyncio.get_running_loop(), items)
+        command = _Submit(
+            request_ids, tuple(prompts), params, fill_context, token_texts, sink, accepted
+        )
+        self._commands.put(command)
+        stream = GenerationStream(self, request_ids, items)
+        try:
+            await asyncio.wrap_future(accepted)
+        except asyncio.CancelledError:
+            stream.abort()
+            raise
+        return stream
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Ask the engine thread to abort these requests; unknown or finished ids are
+        ignored. Returns at once."""
+        self._commands.put(_Abort(tuple(request_ids)))
+
+    # -- the engine thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a bug: fail what is in flight rather than hang it
+            with contextlib.suppress(Exception):
+                self._end_all(EngineFailure(f"the engine thread failed: {exc!r}"))
+            raise
+
+    def _serve(self) -> None:
+        idle_timeout: float | None = None
+        while True:
+            busy = self._engine.has_unfinished_requests()
+            if not self._drain(idle_timeout if busy else None):
+                return
+            idle_timeout = 0.0
+            self._stats = self._engine.stats()
+            if self._engine.has_unfinished_requests():
+                steps = self._stats.steps
+                self._step()
+                if self._stats.steps == steps:  # nothing could be scheduled: do not spin
+                    idle_timeout = IDLE_POLL_S
+
+    def _drain(self, timeout: float | None) -> bool:
+        """Run queued commands, waiting up to ``timeout`` seconds (forever for ``None``) for
+        the first. Returns ``False`` once a stop command ran."""
+        try:
+            command = self._commands.get(timeout=timeout) if timeout != 0.0 else None
+        except queue.Empty:
+            command = None
+        while True:
+            if command is None:
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    return True
+            if isinstance(command, _Stop):
+                self._end_all(EngineUnavailable("the server is shutting down"))
+                self._stats = self._engine.stats()
+                return False
+            if isinstance(command, _Submit):
+                self._add(command)
+            else:
+                self._abort(command.request_ids)
+            command = None
+
+    def _add(self, command: _Submit) -> None:
+        if not command.accepted.set_running_or_notify_cancel():
+            return  # the handler went away before its request was queued
+        added: list[str] = []
+        try:
+            for index, (request_id, prompt) in enumerate(
+                zip(command.request_ids, command.prompts, strict=True)
+            ):
+                token_ids = self._tokenize(prompt)
+                params = command.params
+                if command.fill_context:
+                    left = max(1, self._engine.max_model_len - len(token_ids))
+                    params = dataclasses.replace(params, max_tokens=left)
+                self._engine.add_request(token_ids, params, request_id=request_id)
+                added.append(request_id)
+                self._routes[request_id] = _Route(command.sink, index, command.token_texts)
+        except Exception as exc:  # typed engine errors, or a tokenizer's own
+            self._abort(added)
+            command.accepted.set_exception(exc)
+            return
+        command.accepted.set_result(None)
+
+    def _tokenize(self, prompt: PromptInput) -> list[int]:
+        tokenizer = self._engine.tokenizer
+        if isinstance(prompt, tuple):
+            return list(prompt)
+        if tokenizer is None:
+            raise InvalidRequest("this model has no tokenizer: send token ids")
+        if isinstance(prompt, ChatPrompt):
+            return tokenizer.apply_chat_template(prompt.messages)
+        return tokenizer.encode(prompt)
+
+    def _abort(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            self._routes.pop(request_id, None)
+            output = self._engine.abort(request_id)
+            if output is not None:
+                self.metrics.observe(output)
+
+    def _step(self) -> None:
+        try:
+            outputs = self._engine.step()
+        except Exception as exc:  # a bug or a device error: end what was in flight, go on
+            self._end_all(EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}"))
+            self._stats = self._engine.stats()
+            return
+        self._stats = self._engine.stats()  # published before any output reaches a handler
+        for output in outputs:
+            self.metrics.observe(output)
+            route = self._routes.get(output.request_id)
+            if route is None:
+                continue
+            texts = self._token_texts(output) if route.token_texts else {}
+            route.sink.put(StreamItem(route.index, output, texts))
+            if output.finished:
+                del self._routes[output.request_id]
+
+    def _end_all(self, error: PagedKVError) -> None:
+        routes = list(self._routes.items())
+        for request_id, route in routes:
+            route.sink.put(error)
+            try:
+                self._abort([request_id])
+            except Exception:  # the engine may be inconsistent after a failed step
+                self._routes.pop(request_id, None)
+
+    def _token_texts(self, output: RequestOutput) -> dict[int, str]:
+        tokenizer = self._engine.tokenizer
+        if output.logprobs is None or not output.new_token_ids:
+            return {}
+        ids: set[int] = set()
+        for entry in output.logprobs[-len(output.new_token_ids) :]:
+            ids.add(entry.token_id)
+            ids.update(token for token, _ in entry.top)
+        if tokenizer is None:
+            return {i: f"token_id:{i}" for i in ids}
+        return {i: tokenizer.decode([i]) for i in ids}

@@ -1,0 +1,156 @@
+"""Server-sent events: the chunk streams of both endpoints and a response that aborts its
+generation when the client goes away."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from pagedkv.engine.outputs import RequestOutput
+from pagedkv.errors import PagedKVError
+from pagedkv.server.async_engine import GenerationStream
+from pagedkv.server.openai_format import (
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    new_logprobs,
+    usage,
+)
+from pagedkv.server.protocol import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    CompletionChoice,
+    CompletionResponse,
+    Delta,
+    ErrorInfo,
+    ErrorResponse,
+)
+
+#: The event that ends every stream.
+DONE = "data: [DONE]\n\n"
+
+
+def sse(body: BaseModel) -> str:
+    """One server-sent event carrying ``body`` as JSON."""
+    return f"data: {body.model_dump_json()}\n\n"
+
+
+def _error_event(exc: PagedKVError) -> str:
+    info = ErrorInfo(message=str(exc), type="server_error", code="engine_failure")
+    return sse(ErrorResponse(error=info))
+
+
+class EventStream(StreamingResponse):
+    """A ``text/event-stream`` response that aborts its generation when it ends early.
+
+    The client's disconnect cancels the sending task (Starlette listens for it while
+    streaming); whatever way the response ends, every unfinished request of the generation is
+    aborted so its pages are freed at once.
+    """
+
+    def __init__(self, events: AsyncIterator[str], generation: GenerationStream) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._generation = generation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._generation.abort()
+
+
+async def completion_events(
+    stream: GenerationStream,
+    *,
+    response_id: str,
+    created: int,
+    model: str,
+    logprobs: bool,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """``text_completion`` chunks, one per step that added text, then usage and ``[DONE]``."""
+    offsets: dict[int, int] = {}
+    finals: dict[int, RequestOutput] = {}
+
+    def chunk(choices: list[CompletionChoice], final: bool = False) -> str:
+        body = CompletionResponse(id=response_id, created=created, model=model, choices=choices)
+        if final:
+            body.usage = usage(finals.values())
+        return sse(body)
+
+    try:
+        async for item in stream:
+            output = item.output
+            entries = new_logprobs(output) if logprobs else ()
+            if not output.new_text and not output.finished and not entries:
+                continue
+            choice = CompletionChoice(
+                index=item.index, text=output.new_text, finish_reason=finish_reason(output)
+            )
+            if logprobs:
+                offset = offsets.get(item.index, 0)
+                choice.logprobs = completion_logprobs(entries, item.token_texts, offset)
+                offsets[item.index] = offset + sum(len(t) for t in choice.logprobs.tokens)
+            if output.finished:
+                finals[item.index] = output
+            yield chunk([choice])
+        if include_usage:
+            yield chunk([], final=True)
+    except PagedKVError as exc:
+        yield _error_event(exc)
+    yield DONE
+
+
+async def chat_events(
+    stream: GenerationStream,
+    *,
+    response_id: str,
+    created: int,
+    model: str,
+    logprobs: bool,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """``chat.completion.chunk`` events: the assistant role first, then content deltas, the
+    finish reason with the last delta, usage when asked, and ``[DONE]``."""
+    finals: dict[int, RequestOutput] = {}
+
+    def chunk(choices: list[ChatChunkChoice], final: bool = False) -> str:
+        body = ChatCompletionChunk(id=response_id, created=created, model=model, choices=choices)
+        if final:
+            body.usage = usage(finals.values())
+        return sse(body)
+
+    yield chunk(
+        [
+            ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))
+            for i in range(len(stream.request_ids))
+        ]
+    )
+    try:
+        async for item in stream:
+            output = item.output
+            entries = new_logprobs(output) if logprobs else ()
+            if not output.new_text and not output.finished and not entries:
+                continue
+            choice = ChatChunkChoice(
+                index=item.index,
+                delta=Delta(content=output.new_text),
+                finish_reason=finish_reason(output),
+            )
+            if logprobs:
+                choice.logprobs = chat_logprobs(entries, item.token_texts)
+            if output.finished:
+                finals[item.index] = output
+            yield chunk([choice])
+        if include_usage:
+            yield chunk([], final=True)
+    except PagedKVError as exc:
+        yield _error_event(exc)
+    yield DONE

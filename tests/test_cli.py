@@ -1,0 +1,271 @@
+"""The ``pagedkv`` command line, run as a subprocess (SRV-040..SRV-046)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from serving_models import serving_model_dir
+
+from pagedkv.assets import has_default_model
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.engine import LLMEngine
+from pagedkv.engine.llm import run_to_completion
+from pagedkv.engine.outputs import RequestOutput
+from pagedkv.engine.params import SamplingParams
+from pagedkv.testing.tiny_qwen3 import model_device
+
+#: Engine flags every generate run passes; :data:`CONFIG` is the same configuration.
+ENGINE_FLAGS = (
+    *("--page-size", "8", "--num-pages", "64", "--max-model-len", "256"),
+    *("--device", model_device()),
+)
+CONFIG = EngineConfig(page_size=8, num_pages=64, max_model_len=256)
+
+
+def cli(
+    *args: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m pagedkv.cli ARGS``; stdout and stderr captured as UTF-8 text."""
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run(
+        [sys.executable, "-m", "pagedkv.cli", *args],
+        input=stdin if stdin is not None else "",
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], status: int) -> str:
+    """The error line of a failed run: exactly one stderr line, no traceback (SRV-044)."""
+    assert result.returncode == status, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "error" in lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return serving_model_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> LLMEngine:
+    """The Python API on the same model and engine configuration."""
+    return LLMEngine.from_model_dir(model_dir, CONFIG, device=model_device())
+
+
+def greedy(
+    engine: LLMEngine, prompts: list[str | list[int]], max_tokens: int
+) -> list[RequestOutput]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return run_to_completion(engine, prompts, params)
+
+
+def json_lines(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.spec("SRV-040")
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        ((), ("demo", "generate", "serve", "bench", "--debug")),
+        (("demo",), ("--max-tokens", "--num-requests", "--no-progress")),
+        (
+            ("generate",),
+            (
+                "--model",
+                "--prompt",
+                "--jsonl",
+                "--chat",
+                "--stream",
+                "--json",
+                "--temperature",
+                "--top-p",
+                "--top-k",
+                "--min-p",
+                "--seed",
+                "--stop",
+                "--max-tokens",
+                "--page-size",
+                "--num-pages",
+                "--max-num-seqs",
+                "--max-num-batched-tokens",
+                "--dtype",
+                "--device",
+                "--no-prefix-caching",
+            ),
+        ),
+        (("serve",), ("--model", "--host", "--port", "--max-body-bytes", "--served-model-name")),
+        (("bench",), ("later milestone",)),
+    ],
+)
+def test_help(command: tuple[str, ...], flags: tuple[str, ...]) -> None:
+    result = cli(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: pagedkv {' '.join(command)}".rstrip())
+    for flag in flags:
+        assert flag in result.stdout
+
+
+@pytest.mark.spec("SRV-041", "SRV-043")
+def test_generate_chat_prompts_json_matches_python_api(
+    model_dir: Path, reference: LLMEngine
+) -> None:
+    prompts = ["def add(a, b):", "class Stack:"]
+    system = "You write Python."
+    args = ["generate", "--model", str(model_dir), "--chat", "--system", system, "--json"]
+    for prompt in prompts:
+        args += ["--prompt", prompt]
+    result = cli(*args, "--max-tokens", "6", "--ignore-eos", *ENGINE_FLAGS)
+    assert result.returncode == 0, result.stderr
+    lines = json_lines(result.stdout)
+    tokenizer = reference.tokenizer
+    assert tokenizer is not None
+    chats: list[str | list[int]] = [
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": p}]
+        )
+        for p in prompts
+    ]
+    expected = greedy(reference, chats, 6)
+    assert [line["prompt"] for line in lines] == prompts
+    assert [line["token_ids"] for line in lines] == [list(o.token_ids) for o in expected]
+    assert [line["text"] for line in lines] == [o.text for o in expected]
+    assert all(line["finish_reason"] == "length" for line in lines)
+    metrics = lines[0]["metrics"]
+    assert metrics["prompt_tokens"] == len(chats[0])
+    assert metrics["generated_tokens"] == 6
+    assert metrics["ttft_s"] > 0
+
+
+@pytest.mark.spec("SRV-041")
+def test_generate_jsonl(model_dir: Path, reference: LLMEngine, tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": "hello"}]
+    records: list[dict[str, Any]] = [
+        {"prompt": "import os\n"},
+        {"prompt": [5, 6, 7, 8, 9]},
+        {"messages": messages},
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    result = cli(
+        "generate",
+        "--model",
+        str(model_dir),
+        "--jsonl",
+        str(path),
+        "--json",
+        "--max-tokens",
+        "5",
+        "--ignore-eos",
+        *ENGINE_FLAGS,
+    )
+    assert result.returncode == 0, result.stderr
+    tokenizer = reference.tokenizer
+    assert tokenizer is not None
+    prompts: list[str | list[int]] = [
+        "import os\n",
+        [5, 6, 7, 8, 9],
+        tokenizer.apply_chat_template(messages),
+    ]
+    expected = greedy(reference, prompts, 5)
+    lines = json_lines(result.stdout)
+    assert [line["token_ids"] for line in lines] == [list(o.token_ids) for o in expected]
+    assert [line["prompt"] for line in lines] == [r.get("prompt", messages) for r in records]
+
+
+@pytest.mark.spec("SRV-041", "SRV-042")
+def test_generate_stdin_prompts_streamed(model_dir: Path, reference: LLMEngine) -> None:
+    prompts = ["def fibonacci(n):", "for i in range(10):"]
+    result = cli(
+        "generate",
+        "--model",
+        str(model_dir),
+        "--stream",
+        "--max-tokens",
+        "7",
+        "--ignore-eos",
+        *ENGINE_FLAGS,
+        stdin="\n".join(prompts) + "\n",
+    )
+    assert result.returncode == 0, result.stderr
+    texts = [o.text for o in greedy(reference, list(prompts), 7)]
+    assert result.stdout == "".join(f"### {i}\n{text}\n" for i, text in enumerate(texts))
+
+
+@pytest.mark.spec("SRV-044")
+def test_usage_errors_exit_2() -> None:
+    line = one_line_error(cli("generate", "--no-such-flag"), 2)
+    assert "--no-such-flag" in line
+    line = one_line_error(cli("generate", "--max-tokens", "many"), 2)
+    assert "--max-tokens" in line
+    one_line_error(cli("generate", "--stream", "--json", "--prompt", "x"), 2)
+
+
+@pytest.mark.spec("SRV-044")
+def test_runtime_errors_exit_1(tmp_path: Path) -> None:
+    missing = tmp_path / "no-model-here"
+    line = one_line_error(cli("generate", "--model", str(missing), "--prompt", "x"), 1)
+    assert str(missing) in line
+    assert "does not exist" in line
+    line = one_line_error(cli("generate", "--prompt", "x", "--temperature", "-1"), 1)
+    assert line.endswith("temperature must be >= 0, got -1.0")
+    line = one_line_error(cli("generate", "--prompt", "x", "--top-p", "1.5"), 1)
+    assert line.endswith("top_p must be in (0, 1], got 1.5")
+
+
+@pytest.mark.spec("SRV-044")
+def test_unknown_architecture_is_one_line(model_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "llama"
+    shutil.copytree(model_dir, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.update(architectures=["LlamaForCausalLM"], model_type="llama")
+    (copy / "config.json").write_text(json.dumps(config))
+    line = one_line_error(cli("generate", "--model", str(copy), "--prompt", "x"), 1)
+    assert "llama" in line.lower()
+
+
+@pytest.mark.spec("SRV-045")
+@pytest.mark.skipif(not has_default_model(), reason="the embedded default model is not built")
+def test_demo() -> None:
+    result = cli("demo", "--no-progress", "--max-tokens", "8", "--num-requests", "4")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert len(re.findall(r"^\[\d\] user: ", out, re.MULTILINE)) == 4
+    hit = re.search(r"^prefix-cache hit rate\s+([\d.]+)%\s+([\d.]+)%$", out, re.MULTILINE)
+    assert hit is not None, out
+    assert float(hit.group(1)) > 0
+    assert float(hit.group(2)) == 0
+    saved = re.search(r"^prefill tokens saved\s+(\d+)\s+(\d+)$", out, re.MULTILINE)
+    assert saved is not None
+    assert int(saved.group(1)) > 0
+    for row in (
+        "wall time (s)",
+        "generated tokens/s",
+        "peak KV pages in use",
+        "KV pages in use now",
+    ):
+        assert re.search(rf"^{re.escape(row)}\s+\S+\s+\S+$", out, re.MULTILINE), row
+    assert "identical greedy outputs with prefix caching on and off: yes" in out
+
+
+@pytest.mark.spec("SRV-046")
+def test_bench_is_reserved() -> None:
+    result = cli("bench")
+    assert result.returncode == 2
+    assert "later milestone" in result.stderr

@@ -1,0 +1,554 @@
+"""The OpenAI-compatible server, started for real on a free loopback port (SRV-001..SRV-032).
+
+One uvicorn server runs in a background thread for the whole module; after every test the
+engine must come back to no running or waiting request and no KV page in use (SRV-022).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from fastapi.testclient import TestClient
+from openai import OpenAI
+from serving_models import serving_model_dir
+
+from pagedkv.cli import build_parser
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.engine import LLMEngine
+from pagedkv.engine.llm import run_to_completion
+from pagedkv.engine.outputs import EngineStats
+from pagedkv.engine.params import SamplingParams
+from pagedkv.plan import StepPlan
+from pagedkv.server.app import create_app
+from pagedkv.server.async_engine import AsyncEngine
+from pagedkv.testing.hash_runner import HashRunner
+from pagedkv.testing.tiny_qwen3 import model_device
+
+MODEL = "test-model"
+MAX_BODY_BYTES = 8192
+CONFIG = EngineConfig(page_size=8, num_pages=96, max_num_batched_tokens=256, max_model_len=512)
+PROMPT = "def fibonacci(n):\n    if n < 2:\n"
+#: Long enough to span several full pages, so a repeat reuses them.
+LONG_PROMPT = "import os\nimport sys\n\nclass Config:\n    def __init__(self, path):\n" * 3
+
+
+@dataclass(frozen=True)
+class Served:
+    url: str
+    bridge: AsyncEngine
+    model_dir: Path
+
+    def client(self) -> OpenAI:
+        return OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    model_dir = serving_model_dir(tmp_path_factory)
+    app = create_app(
+        LLMEngine.from_model_dir(model_dir, CONFIG, device=model_device()), MODEL, MAX_BODY_BYTES
+    )
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive(), "the server thread ended"
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield Served(f"http://127.0.0.1:{port}", app.state.server.engine, model_dir)
+    server.should_exit = True
+    thread.join(30)
+
+
+def wait_idle(bridge: AsyncEngine, timeout: float = 20.0) -> EngineStats:
+    """Poll until nothing runs or waits and no page is in use; the final stats."""
+    deadline = time.monotonic() + timeout
+    stats = bridge.stats()
+    while time.monotonic() < deadline:
+        stats = bridge.stats()
+        if stats.running == 0 and stats.waiting == 0 and stats.pages_in_use == 0:
+            return stats
+        time.sleep(0.02)
+    raise AssertionError(f"the engine did not become idle: {stats}")
+
+
+@pytest.fixture
+def server(served: Served) -> Iterator[Served]:
+    """The module's server; checks SRV-022 after the test."""
+    yield served
+    wait_idle(served.bridge)
+
+
+@pytest.fixture(scope="module")
+def reference(served: Served) -> LLMEngine:
+    """An in-process engine on the same model and config: the Python API's outputs."""
+    return LLMEngine.from_model_dir(served.model_dir, CONFIG, device=model_device())
+
+
+def offline(engine: LLMEngine, prompts: list[str | list[int]], **params: Any) -> list[str]:
+    outputs = run_to_completion(engine, prompts, SamplingParams(temperature=0.0, **params))
+    return [o.text for o in outputs]
+
+
+def sse_events(lines: Iterator[str]) -> list[str]:
+    """The ``data:`` payloads of an event stream, ``[DONE]`` included."""
+    return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+
+
+class HTTPResponse(Protocol):
+    """What the checks read of an httpx or test-client response."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
+
+
+def error_of(response: HTTPResponse, status: int) -> dict[str, Any]:
+    """The OpenAI error object of a ``status`` response (SRV-010)."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error: dict[str, Any] = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str)
+    assert error["message"]
+    return error
+
+
+# -- completions and chat --------------------------------------------------------------------
+
+
+@pytest.mark.spec("SRV-001", "SRV-004")
+def test_completion_matches_python_api(server: Served, reference: LLMEngine) -> None:
+    client = server.client()
+    result = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert result.object == "text_completion"
+    assert result.model == MODEL
+    assert [c.text for c in result.choices] == offline(
+        reference, [PROMPT], max_tokens=8, ignore_eos=True
+    )
+    assert result.choices[0].finish_reason == "length"
+    assert result.usage is not None
+    assert reference.tokenizer is not None
+    assert result.usage.prompt_tokens == len(reference.tokenizer.encode(PROMPT))
+    assert result.usage.completion_tokens == 8
+    assert result.usage.total_tokens == result.usage.prompt_tokens + 8
+    assert result.usage.prompt_tokens_details is not None
+    assert result.usage.prompt_tokens_details.cached_tokens is not None
+
+
+@pytest.mark.spec("SRV-001")
+def test_completion_prompt_lists_give_one_choice_per_prompt(
+    server: Served, reference: LLMEngine
+) -> None:
+    client = server.client()
+    texts = ["import os\n", "class Config:", "for i in range(3):"]
+    result = client.completions.create(
+        model=MODEL, prompt=texts, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert [c.index for c in result.choices] == [0, 1, 2]
+    assert [c.text for c in result.choices] == offline(
+        reference, list(texts), max_tokens=5, ignore_eos=True
+    )
+    ids = [[5, 6, 7, 8], [9, 10]]
+    by_ids = client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert [c.text for c in by_ids.choices] == offline(
+        reference, list(ids), max_tokens=4, ignore_eos=True
+    )
+    assert by_ids.usage is not None
+    assert by_ids.usage.prompt_tokens == 6
+
+
+@pytest.mark.spec("SRV-004")
+def test_repeated_prompt_reports_cached_tokens(server: Served) -> None:
+    client = server.client()
+    first = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=2)
+    second = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=2)
+    assert first.usage is not None
+    assert second.usage is not None
+    details = second.usage.prompt_tokens_details
+    assert details is not None
+    assert details.cached_tokens is not None
+    full_pages = (second.usage.prompt_tokens - 1) // CONFIG.page_size * CONFIG.page_size
+    assert details.cached_tokens >= full_pages > 0
+
+
+@pytest.mark.spec("SRV-003")
+def test_completion_stream_concatenates_to_the_text(server: Served) -> None:
+    client = server.client()
+    kwargs: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "max_tokens": 10,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = client.completions.create(**kwargs)
+    chunks = list(
+        client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length"
+    assert all(f is None for f in finishes[:-1])
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 10
+
+
+@pytest.mark.spec("SRV-003")
+def test_stream_is_server_sent_events_ending_with_done(server: Served) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response.iter_lines())
+    assert events[-1] == "[DONE]"
+    assert all(json.loads(e)["object"] == "text_completion" for e in events[:-1])
+
+
+@pytest.mark.spec("SRV-002", "SRV-003", "SRV-004")
+def test_chat_matches_llm_chat_streamed_or_not(server: Served, reference: LLMEngine) -> None:
+    client = server.client()
+    messages: list[Any] = [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "def add(a, b):"},
+    ]
+    tokenizer = reference.tokenizer
+    assert tokenizer is not None
+    expected = offline(
+        reference, [tokenizer.apply_chat_template(messages)], max_tokens=6, ignore_eos=True
+    )
+    whole = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=50,  # max_completion_tokens wins
+        max_completion_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert whole.object == "chat.completion"
+    assert whole.choices[0].message.role == "assistant"
+    assert [whole.choices[0].message.content] == expected
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens == 6
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_completion_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected[0]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+@pytest.mark.spec("SRV-005")
+def test_logprobs(server: Served) -> None:
+    client = server.client()
+    completion = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=4, logprobs=3, extra_body={"ignore_eos": True}
+    )
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.token_logprobs is not None
+    assert len(logprobs.token_logprobs) == 4
+    assert all(lp <= 0 for lp in logprobs.token_logprobs)
+    assert logprobs.top_logprobs is not None
+    assert all(1 <= len(top) <= 3 for top in logprobs.top_logprobs)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=3,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    content = chat.choices[0].logprobs
+    assert content is not None
+    assert content.content is not None
+    assert len(content.content) == 3
+    for entry in content.content:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+
+
+@pytest.mark.spec("SRV-007")
+def test_concurrent_requests_get_their_own_outputs(server: Served, reference: LLMEngine) -> None:
+    client = server.client()
+    prompts = [f"def function_{i}(x):" for i in range(6)]
+    expected = offline(reference, list(prompts), max_tokens=12, ignore_eos=True)
+
+    def ask(prompt: str) -> str:
+        result = client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=12,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        return result.choices[0].text
+
+    steps_before = server.bridge.stats().steps
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        texts = list(pool.map(ask, prompts))
+    assert texts == expected
+    # served together: far fewer steps than one request after the other would take
+    assert server.bridge.stats().steps - steps_before < 12 * len(prompts)
+
+
+# -- errors and limits -------------------------------------------------------------------------
+
+
+@pytest.mark.spec("SRV-010", "SRV-011")
+def test_malformed_json_is_400(server: Served) -> None:
+    response = httpx.post(
+        f"{server.url}/v1/completions",
+        content=b'{"model": "test-model", "prompt": ',
+        headers={"Content-Type": "application/json"},
+    )
+    error = error_of(response, 400)
+    assert error["type"] == "invalid_request_error"
+    missing = httpx.post(f"{server.url}/v1/chat/completions", json={"model": MODEL})
+    assert error_of(missing, 400)["param"] == "messages"
+
+
+@pytest.mark.spec("SRV-010", "SRV-012")
+def test_unknown_model_is_404(server: Served) -> None:
+    extras: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("completions", {"prompt": "x"}),
+        ("chat/completions", {"messages": []}),
+    )
+    for path, extra in extras:
+        body: dict[str, Any] = {"model": "gpt-4o", **extra}
+        response = httpx.post(f"{server.url}/v1/{path}", json=body)
+        if path == "chat/completions":  # an empty conversation is a schema error first
+            error_of(response, 400)
+            body["messages"] = [{"role": "user", "content": "hi"}]
+            response = httpx.post(f"{server.url}/v1/{path}", json=body)
+        error = error_of(response, 404)
+        assert error["param"] == "model"
+        assert error["code"] == "model_not_found"
+
+
+@pytest.mark.spec("SRV-010", "SRV-013")
+def test_oversized_body_is_413(server: Served) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "x" * MAX_BODY_BYTES}).encode()
+    declared = httpx.post(
+        f"{server.url}/v1/completions", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert error_of(declared, 413)["code"] == "request_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: chunked transfer encoding
+        for start in range(0, len(body), 1024):
+            yield body[start : start + 1024]
+
+    streamed = httpx.post(
+        f"{server.url}/v1/completions",
+        content=chunks(),
+        headers={"Content-Type": "application/json"},
+    )
+    error_of(streamed, 413)
+
+
+@pytest.mark.spec("SRV-010", "SRV-014")
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("temperature", -1.0), ("top_p", 0.0), ("top_k", -5), ("min_p", 2.0), ("max_tokens", 0)],
+)
+def test_invalid_sampling_values_are_400(server: Served, field: str, value: float) -> None:
+    body = {"model": MODEL, "prompt": "x", field: value}
+    error = error_of(httpx.post(f"{server.url}/v1/completions", json=body), 400)
+    assert error["param"] == field
+    assert error["message"].startswith(f"{field} must be")
+
+
+@pytest.mark.spec("SRV-010", "SRV-015")
+def test_request_past_the_limit_is_400(server: Served) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": CONFIG.max_model_len}
+    error = error_of(httpx.post(f"{server.url}/v1/completions", json=body), 400)
+    assert error["code"] == "context_length_exceeded"
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}
+    error = error_of(httpx.post(f"{server.url}/v1/chat/completions", json=chat), 400)
+    assert error["code"] == "context_length_exceeded"
+
+
+@pytest.mark.spec("SRV-006", "SRV-010")
+def test_n_other_than_one_is_400(server: Served) -> None:
+    body = {"model": MODEL, "prompt": "x", "n": 2}
+    assert error_of(httpx.post(f"{server.url}/v1/completions", json=body), 400)["param"] == "n"
+
+
+# -- request lifetime ---------------------------------------------------------------------------
+
+
+def _finished(metrics_text: str, reason: str) -> float:
+    match = re.search(
+        rf'^pagedkv_requests_finished_total\{{finish_reason="{reason}"\}} (\S+)$',
+        metrics_text,
+        re.MULTILINE,
+    )
+    return float(match.group(1)) if match else 0.0
+
+
+@pytest.mark.spec("SRV-020", "SRV-022")
+def test_disconnect_mid_stream_aborts_and_frees_pages(server: Served) -> None:
+    aborted_before = _finished(httpx.get(f"{server.url}/metrics").text, "abort")
+    body = {
+        "model": MODEL,
+        "prompt": LONG_PROMPT,
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        next(response.iter_raw())
+        assert server.bridge.stats().pages_in_use > 0
+    stats = wait_idle(server.bridge, timeout=10)
+    assert stats.pages_in_use == 0
+    assert stats.running == 0
+    assert _finished(httpx.get(f"{server.url}/metrics").text, "abort") == aborted_before + 1
+
+
+@pytest.mark.spec("SRV-021", "SRV-022")
+def test_disconnect_before_a_plain_response_aborts(server: Served) -> None:
+    aborted_before = _finished(httpx.get(f"{server.url}/metrics").text, "abort")
+    body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 400, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.5)
+    wait_idle(server.bridge, timeout=10)
+    assert _finished(httpx.get(f"{server.url}/metrics").text, "abort") == aborted_before + 1
+
+
+# -- operations ---------------------------------------------------------------------------------
+
+METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
+
+
+def parse_prometheus(text: str) -> tuple[dict[str, str], dict[str, float]]:
+    """``(types, samples)``: family name → type, and ``name{labels}`` → value; every line must
+    be a comment or a well-formed sample of a declared family."""
+    types: dict[str, str] = {}
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            types[name] = kind
+        elif line.startswith("# HELP ") or not line:
+            continue
+        else:
+            match = METRIC_LINE.match(line)
+            assert match, f"not a Prometheus sample: {line!r}"
+            name = match.group(1)
+            family = re.sub(r"_(bucket|sum|count)$", "", name)
+            assert name in types or family in types, f"{name} has no # TYPE"
+            samples[name + (match.group(2) or "")] = float(match.group(3))
+    return types, samples
+
+
+@pytest.mark.spec("SRV-031")
+def test_metrics_is_prometheus_text_tracking_the_engine(server: Served) -> None:
+    client = server.client()
+    client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=3, extra_body={"ignore_eos": True}
+    )
+    response = httpx.get(f"{server.url}/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    types, samples = parse_prometheus(response.text)
+    stats = server.bridge.stats()
+    assert samples["pagedkv_kv_pages_total"] == CONFIG.num_pages == stats.num_pages
+    for name in ("in_use", "free", "cached"):
+        assert samples[f"pagedkv_kv_pages_{name}"] == getattr(stats, f"pages_{name}")
+    assert samples["pagedkv_kv_pages_in_use"] == 0
+    assert samples["pagedkv_prefix_cache_hit_rate"] == pytest.approx(stats.hit_rate)
+    assert samples["pagedkv_requests_running"] == 0
+    assert samples["pagedkv_requests_waiting"] == 0
+    assert samples["pagedkv_preemptions_total"] == stats.preemptions
+    assert samples["pagedkv_generation_tokens_total"] >= 3
+    assert types["pagedkv_time_to_first_token_seconds"] == "histogram"
+    count = samples["pagedkv_time_to_first_token_seconds_count"]
+    assert count >= 1
+    assert samples['pagedkv_time_to_first_token_seconds_bucket{le="+Inf"}'] == count
+    assert types["pagedkv_kv_pages_in_use"] == "gauge"
+    assert types["pagedkv_generation_tokens_total"] == "counter"
+
+
+@pytest.mark.spec("SRV-030")
+def test_models_and_health(server: Served) -> None:
+    models = server.client().models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    health = httpx.get(f"{server.url}/health")
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok"}
+
+
+@pytest.mark.spec("SRV-032")
+def test_serve_listens_on_loopback_by_default() -> None:
+    args = build_parser().parse_args(["serve"])
+    assert args.host == "127.0.0.1"
+
+
+class FailingRunner(HashRunner):
+    """The hash stand-in model, raising at every step while ``failing`` is set."""
+
+    failing = False
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        if self.failing:
+            raise RuntimeError("device lost")
+        return super().execute(plan)
+
+
+@pytest.mark.spec("SRV-023", "SRV-022")
+def test_a_failing_step_fails_its_requests_and_serving_goes_on() -> None:
+    config = EngineConfig(page_size=4, num_pages=32, max_model_len=128)
+    runner = FailingRunner(vocab_size=64, num_pages=config.num_pages, page_size=config.page_size)
+    app = create_app(LLMEngine(runner, config), MODEL, MAX_BODY_BYTES)
+    body = {"model": MODEL, "prompt": [1, 2, 3, 4, 5, 6], "max_tokens": 4}
+    with TestClient(app) as client:
+        bridge: AsyncEngine = app.state.server.engine
+        runner.failing = True
+        error_of(client.post("/v1/completions", json=body), 500)
+        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as stream:
+            events = sse_events(stream.iter_lines())
+        assert json.loads(events[0])["error"]["code"] == "engine_failure"
+        assert events[-1] == "[DONE]"
+        assert wait_idle(bridge).pages_in_use == 0
+        runner.failing = False
+        ok = client.post("/v1/completions", json=body)
+        assert ok.status_code == 200
+        assert ok.json()["usage"]["completion_tokens"] == 4
+        assert client.get("/health").status_code == 200
