@@ -15,6 +15,10 @@ class InvalidRequest(PagedKVError, ValueError):
     """An argument is out of its documented range (negative count, bad page size, ...)."""
 
 
+class RequestTooLong(InvalidRequest):
+    """A request that could never fit: past ``max_model_len`` or the whole page pool (ENG-033)."""
+
+
 class OutOfPages(PagedKVError):
     """An allocation needs more pages than are free or evictable right now.
 

@@ -8,6 +8,7 @@ pages of finished requests.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Generator, Sequence
@@ -22,14 +23,10 @@ from pagedkv.engine.request import Request, RequestStatus
 from pagedkv.engine.sampler import sample, token_logprobs
 from pagedkv.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from pagedkv.engine.tokenizer import IncrementalText, Tokenizer, eos_token_ids
-from pagedkv.errors import InvalidRequest, InvariantViolation
+from pagedkv.errors import InvalidRequest, InvariantViolation, RequestTooLong
 from pagedkv.interfaces import KVManager, KVManagerConfig, StepRunner
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.plan import SeqChunk, StepPlan, build_plan
-
-
-class RequestTooLong(InvalidRequest):
-    """A request that could never fit: past ``max_model_len`` or the whole page pool."""
 
 
 class LLMEngine:
@@ -89,6 +86,10 @@ class LLMEngine:
         )
         path = Path(model_dir)
         has_tokenizer = (path / "tokenizer.json").exists()
+        # A sequence never goes past the positions the model was trained for.
+        trained = runner.model.config.max_position_embeddings
+        if config.max_model_len > trained:
+            config = dataclasses.replace(config, max_model_len=trained)
         return cls(
             runner,
             config,

@@ -11,9 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagedkv.engine.engine import RequestTooLong
 from pagedkv.engine.params import InvalidSamplingParams
-from pagedkv.errors import InvalidRequest
+from pagedkv.errors import InvalidRequest, RequestTooLong
 from pagedkv.server.async_engine import EngineFailure, EngineUnavailable
 from pagedkv.server.protocol import ErrorInfo, ErrorResponse
 
