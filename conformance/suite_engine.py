@@ -199,15 +199,22 @@ class EngineSuite:
         assert on.hit_tokens == 5 * 20  # five later prompts each reuse 5 pages of 4
         assert off.prefill_tokens_computed - on.prefill_tokens_computed == on.hit_tokens
 
-    @pytest.mark.spec("ENG-025")
-    def test_pages_are_not_shared_before_they_are_written(self, backend: Backend) -> None:
-        """Two requests with one prefix, admitted in the same step, both compute it."""
-        eut = build_engine(backend)
+    @pytest.mark.spec("ENG-025", "ENG-026")
+    @pytest.mark.parametrize("budget", [256, 8])
+    def test_a_burst_prefills_its_common_prefix_once(self, backend: Backend, budget: int) -> None:
+        """Two requests sharing 16 tokens arrive together: the second waits until the first's
+        pages are written and committed, then reuses them, also when the first prefills in
+        chunks. (The hash model fails any read of a slot nothing was written to.)"""
+        eut = build_engine(backend, max_num_batched_tokens=budget)
         prompt = list(range(17))
         outs = eut.run([prompt + [1], prompt + [2]], greedy(max_tokens=3))
-        assert [o.metrics.cached_tokens for o in outs] == [0, 0]
-        (later,) = eut.run([prompt + [3]], greedy(max_tokens=3))
-        assert later.metrics.cached_tokens == 16
+        assert [o.metrics.cached_tokens for o in outs] == [0, 16]
+        for suffix, out in zip((1, 2), outs, strict=True):
+            assert list(out.token_ids) == solo_greedy(prompt + [suffix], 3)
+        stats = eut.engine.stats()
+        assert stats.prefill_tokens_computed == 18 + 2  # the prefix once, then the suffix
+        if budget == 256:
+            assert eut.runner.steps[:2] == [[18], [1, 2]]
 
     # -- scheduling ----------------------------------------------------------------------
 

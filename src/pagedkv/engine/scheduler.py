@@ -120,6 +120,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             cached = kv.cached_prefix_length(request.token_ids, request.cache_salt)
+            if self._prefix_in_flight(request, cached, kv.page_size):
+                break  # FCFS: admit it, and those behind it, once those pages are committed
             n = min(request.num_tokens - cached, budget)
             seq_id = self._next_seq_id
             try:
@@ -137,6 +139,26 @@ class Scheduler:
             self.running.append(request)
             chunks.append(ScheduledChunk(request, start, n, allocation.page_table.pages))
             budget -= n
+
+    def _prefix_in_flight(self, request: Request, cached: int, page_size: int) -> bool:
+        """Whether a running request is still computing full pages this one would reuse.
+
+        Admitting it now would compute those pages a second time; waiting until they are
+        committed (a step or a few chunks) prefills a burst's common prefix once (ENG-026).
+        """
+        if not self.config.enable_prefix_caching:
+            return False
+        tokens = request.token_ids
+        reusable = len(tokens) - 1  # at least one token is always computed (KVM-025)
+        for other in self.running:
+            if other.cache_salt != request.cache_salt:
+                continue
+            if other.num_computed_tokens >= reusable:
+                continue  # whatever it shares is committed already
+            shared = _common_prefix(tokens, other.token_ids, reusable) // page_size * page_size
+            if shared > cached and other.num_computed_tokens < shared:
+                return True
+        return False
 
     def _preempt(self, kv: KVManager, request: Request) -> None:
         kv.free(self._seq_id(request))
@@ -187,3 +209,12 @@ class Scheduler:
         if request.seq_id is None:
             raise InvariantViolation(f"request {request.request_id} holds no pages")
         return request.seq_id
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
