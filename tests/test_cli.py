@@ -111,7 +111,7 @@ def json_lines(stdout: str) -> list[dict[str, Any]]:
             ),
         ),
         (("serve",), ("--model", "--host", "--port", "--max-body-bytes", "--served-model-name")),
-        (("bench",), ("later milestone",)),
+        (("bench",), ("--quick", "--gate", "results.json")),
     ],
 )
 def test_help(command: tuple[str, ...], flags: tuple[str, ...]) -> None:
@@ -265,7 +265,11 @@ def test_demo() -> None:
 
 
 @pytest.mark.spec("SRV-046")
-def test_bench_is_reserved() -> None:
-    result = cli("bench")
-    assert result.returncode == 2
-    assert "later milestone" in result.stderr
+def test_bench_is_the_benchmark_command() -> None:
+    result = cli("bench", "--help")
+    assert result.returncode == 0
+    for option in ("--quick", "--out", "--gate"):
+        assert option in result.stdout
+    bad = cli("bench", "--only", "no-such-workload")
+    assert bad.returncode == 2
+    assert len(bad.stderr.strip().splitlines()) == 1

@@ -32,18 +32,17 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _add_bench(commands: argparse._SubParsersAction[OneLineParser]) -> None:
+    from pagedkv.bench.cli import add_arguments, run
+
     parser = commands.add_parser(
         "bench",
-        help="benchmarks (reserved: defined in a later milestone)",
-        description="Benchmarks of the engine. Reserved: they are defined in a later "
-        "milestone; the command exits with status 2.",
+        help="benchmarks side by side with transformers; ratios to bench/results.json",
+        description="Run the benchmarks (mixed, shared-prefix, decode, memory, scaling, micro) "
+        "and write bench/results.json, results.md and plots; --quick is the CI mode, and "
+        "--gate FLOORS fails when a ratio is below its floor.",
     )
-    parser.set_defaults(handler=_run_bench)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    print("pagedkv bench: benchmarks are defined in a later milestone", file=sys.stderr)
-    return EXIT_USAGE
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
 
 
 def build_parser() -> OneLineParser:

@@ -1,0 +1,106 @@
+"""Command line of the benchmarks: ``python -m pagedkv.bench [--quick] [--out DIR] ...``.
+
+A run measures each workload in turn, then writes ``results.json`` (layout in
+``bench/README.md``), ``results.md`` and, in full mode with matplotlib installed, PNG plots to
+``--out``. ``--gate FLOORS`` then fails the run (exit status 1) if a gated ratio is below its
+floor. ``--table RESULTS`` only prints the Markdown results table of an earlier run.
+
+Exit status: 0 success, 1 a floor not met or a workload failed, 2 a malformed command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+#: Every workload, in the order a run measures them.
+WORKLOADS = ("micro", "memory", "shared_prefix", "mixed", "scaling", "decode")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the benchmark's options to ``parser`` (also used by ``pagedkv bench``)."""
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="short CI mode: small workloads, no 0.6B-shaped checkpoint, no plots",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench"),
+        metavar="DIR",
+        help="folder for results.json, results.md and plots (default: bench/)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=WORKLOADS,
+        metavar="WORKLOAD",
+        help=f"run only this workload (repeatable): {', '.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (default: 1)"
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where generated checkpoints are kept (default: $PAGEDKV_BENCH_CACHE or "
+        "~/.cache/pagedkv/bench)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of every workload")
+    parser.add_argument(
+        "--gate",
+        type=Path,
+        default=None,
+        metavar="FLOORS",
+        help="after the run, exit 1 if a ratio is below its floor in FLOORS",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="print the Markdown results table of RESULTS (a results.json) and exit",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m pagedkv.bench``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedkv.bench",
+        description="Benchmark pagedkv against its alternatives; every figure is a ratio "
+        "measured in the same run.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmarks described by parsed ``args``; the exit status.
+
+    Torch, transformers and the workloads are imported only here, so building the parser is
+    cheap.
+    """
+    if args.table is not None:
+        from pagedkv.bench.report import results_table
+        from pagedkv.bench.results import read_json
+
+        print(results_table(read_json(args.table)))
+        return 0
+    if args.threads < 1:
+        print("bench: error: --threads must be >= 1", file=sys.stderr)
+        return 2
+    from pagedkv.bench.suite import run_suite
+
+    return run_suite(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pagedkv.bench``; returns the exit status."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    return run(args)

@@ -1,0 +1,146 @@
+"""Batch-1 decode on the Qwen3-0.6B shape, against the memory-bandwidth bound (full mode only).
+
+A decode step of one sequence reads every weight once (the tied LM head reads the whole
+embedding table), so its speed is bounded by the machine's memory bandwidth:
+``bound tokens/s = read bandwidth / weight bytes per token``. The bandwidth is measured in the
+same run, dtype and thread count, as the read rate of a large matrix-vector product (a matrix
+many times larger than the CPU caches): the same kernel a decode step runs.
+
+pagedkv v1 and transformers ``generate`` decode one request each; decode tokens/s counts the
+tokens after the first over the time from the first token to the last (prefill excluded).
+Each repetition measures the bandwidth, then both systems (alternating which goes first), so
+the three figures of one repetition share the machine's load of the moment; the ratios are
+medians over repetitions of the per-repetition ratios.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from pagedkv.bench.checkpoints import Checkpoint, qwen3_shaped_checkpoint
+from pagedkv.bench.context import BenchContext
+from pagedkv.bench.hf_systems import load_hf_model, run_generate_static
+from pagedkv.bench.pagedkv_system import load_runner, make_engine, run_engine
+from pagedkv.bench.requests import BenchRequest, uniform_requests
+from pagedkv.bench.results import WorkloadResult
+from pagedkv.bench.stats import median, ratio, rounded
+from pagedkv.kv.paged_store import torch_dtype
+
+DTYPES = ("float32", "bfloat16")
+PROMPT_LEN = 16
+NEW_TOKENS = 17
+REPETITIONS = 5
+#: Side of the square matrix whose matrix-vector product measures the read bandwidth.
+GEMV_SIDE = 8192
+GEMV_REPEATS = 7
+NUM_PAGES = 8
+
+
+def gemv_read_bandwidth(dtype: str, side: int = GEMV_SIDE, repeats: int = GEMV_REPEATS) -> float:
+    """Bytes per second read by ``F.linear`` of one row against a ``side x side`` matrix.
+
+    The fastest of ``repeats`` timed products after one warm-up (the most the kernel reached).
+    """
+    generator = torch.Generator().manual_seed(0)
+    matrix = torch.empty(side, side, dtype=torch_dtype(dtype)).normal_(generator=generator)
+    vector = torch.ones(1, side, dtype=matrix.dtype)
+    best = float("inf")
+    with torch.inference_mode():
+        F.linear(vector, matrix)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            F.linear(vector, matrix)
+            best = min(best, time.perf_counter() - start)
+    return matrix.numel() * matrix.element_size() / best
+
+
+def run(ctx: BenchContext) -> WorkloadResult:
+    """Decode tokens/s of pagedkv and generate, beside the bound, in each dtype."""
+    result = WorkloadResult("decode")
+    ctx.log("decode: preparing the Qwen3-0.6B-shaped checkpoint (generated once)")
+    checkpoint = qwen3_shaped_checkpoint(ctx.cache_dir)
+    result.figures["checkpoint"] = checkpoint.name
+    result.figures["prompt_len"] = PROMPT_LEN
+    result.figures["new_tokens"] = NEW_TOKENS
+    result.figures["repetitions"] = REPETITIONS
+    for dtype in DTYPES:
+        try:
+            _measure_dtype(ctx, result, checkpoint, dtype)
+        except Exception as exc:  # recorded: one dtype failing must not lose the others
+            result.errors[dtype] = f"{type(exc).__name__}: {exc}"
+        gc.collect()
+    return result
+
+
+def _measure_dtype(
+    ctx: BenchContext, result: WorkloadResult, checkpoint: Checkpoint, dtype: str
+) -> None:
+    short = "fp32" if dtype == "float32" else "bf16"
+    ctx.log(f"decode: {dtype}: loading both models")
+    runner = load_runner(checkpoint, NUM_PAGES, dtype=dtype)
+    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    hf_model = load_hf_model(checkpoint, dtype)
+    vocab = runner.vocab_size
+    request = uniform_requests(1, PROMPT_LEN, NEW_TOKENS, vocab, ctx.seed)
+    warm = [BenchRequest(request[0].prompt, 3)]
+    run_engine(make_engine(runner, "v1", NUM_PAGES), warm, "warm-up")
+    run_generate_static(hf_model, warm, batch_size=1)
+    pagedkv_rates: list[float] = []
+    hf_rates: list[float] = []
+    bounds: list[float] = []
+    for repetition in range(REPETITIONS):
+        ctx.log(f"decode: {dtype}: repetition {repetition + 1}/{REPETITIONS}")
+        bounds.append(gemv_read_bandwidth(dtype, repeats=3) / weight_bytes)
+        for system in ("pagedkv", "hf") if repetition % 2 == 0 else ("hf", "pagedkv"):
+            if system == "pagedkv":
+                engine = make_engine(runner, "v1", NUM_PAGES)
+                pagedkv_rates.append(run_engine(engine, request, "v1").decode_tokens_per_s)
+            else:
+                hf_rates.append(run_generate_static(hf_model, request, 1).decode_tokens_per_s)
+    del runner, hf_model
+    paired = [ratio(p, h) for p, h in zip(pagedkv_rates, hf_rates, strict=True)]
+    fractions = [ratio(p, b) for p, b in zip(pagedkv_rates, bounds, strict=True)]
+    hf_fractions = [ratio(h, b) for h, b in zip(hf_rates, bounds, strict=True)]
+    result.figures[dtype] = {
+        "weight_bytes_per_token": weight_bytes,
+        "gemv_read_bandwidth_gb_per_s": [round(b * weight_bytes / 1e9, 2) for b in bounds],
+        "bound_tokens_per_s": [round(b, 3) for b in bounds],
+        "pagedkv_decode_tokens_per_s": [round(r, 3) for r in pagedkv_rates],
+        "hf_generate_decode_tokens_per_s": [round(r, 3) for r in hf_rates],
+        "median_pagedkv_decode_tokens_per_s": rounded(median(pagedkv_rates), 3),
+        "median_hf_generate_decode_tokens_per_s": rounded(median(hf_rates), 3),
+        "median_bound_tokens_per_s": rounded(median(bounds), 3),
+    }
+    result.add_ratio(
+        f"{short}_pagedkv_vs_hf_generate",
+        median(paired),
+        f"{dtype} batch-1 decode tokens/s, pagedkv over transformers generate (0.6B shape), "
+        "median over interleaved repetitions",
+    )
+    result.add_target(
+        f"{short}_pagedkv_vs_hf_generate",
+        ">=",
+        1.0,
+        f"batch-1 decode {short}: pagedkv >= 1.0x transformers generate",
+    )
+    result.add_ratio(
+        f"{short}_fraction_of_bound",
+        median(fractions),
+        f"{dtype} batch-1 decode tokens/s of pagedkv over the bandwidth bound (GEMV read "
+        "bandwidth / weight bytes per token, measured beside each repetition)",
+    )
+    result.add_target(
+        f"{short}_fraction_of_bound",
+        ">=",
+        0.70,
+        f"batch-1 decode {short}: pagedkv >= 70% of the memory-bandwidth bound",
+    )
+    result.add_ratio(
+        f"{short}_hf_fraction_of_bound",
+        median(hf_fractions),
+        f"{dtype} batch-1 decode tokens/s of transformers generate over the bandwidth bound",
+    )

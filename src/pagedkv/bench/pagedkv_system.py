@@ -1,0 +1,112 @@
+"""Running a workload on pagedkv's own engine (v1 paged cache or v0 recompute)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from pagedkv.bench.checkpoints import Checkpoint
+from pagedkv.bench.requests import BenchRequest
+from pagedkv.bench.run import RunResult
+from pagedkv.engine.config import CacheMode, EngineConfig
+from pagedkv.engine.engine import LLMEngine
+from pagedkv.engine.outputs import RequestOutput
+from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.runner import ModelRunner
+from pagedkv.interfaces import StepRunner
+
+#: Called after every engine step, e.g. to sample the KV cache's occupancy.
+StepObserver = Callable[[LLMEngine], None]
+
+#: Token budget of one step and sequences per step, for every pagedkv run of the benchmarks.
+MAX_NUM_BATCHED_TOKENS = 512
+MAX_NUM_SEQS = 64
+PAGE_SIZE = 16
+
+
+def load_runner(
+    checkpoint: Checkpoint, num_pages: int, page_size: int = PAGE_SIZE, dtype: str = "float32"
+) -> ModelRunner:
+    """The checkpoint's model with a preallocated K/V pool of ``num_pages`` pages (CPU)."""
+    return ModelRunner.from_model_dir(
+        checkpoint.path, num_pages=num_pages, page_size=page_size, dtype=dtype, device="cpu"
+    )
+
+
+def make_engine(
+    runner: StepRunner,
+    mode: CacheMode,
+    num_pages: int,
+    *,
+    page_size: int = PAGE_SIZE,
+    max_num_seqs: int = MAX_NUM_SEQS,
+    max_model_len: int = 4096,
+    enable_prefix_caching: bool = True,
+) -> LLMEngine:
+    """A fresh engine (empty queues, empty page pool) over an already loaded runner.
+
+    As :meth:`LLMEngine.from_model_dir` does, ``max_model_len`` is capped by the positions the
+    model was trained for.
+    """
+    if isinstance(runner, ModelRunner):
+        max_model_len = min(max_model_len, runner.model.config.max_position_embeddings)
+    config = EngineConfig(
+        page_size=page_size,
+        num_pages=num_pages,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        enable_prefix_caching=enable_prefix_caching,
+        mode=mode,
+    )
+    return LLMEngine(runner, config)
+
+
+def greedy_params(max_tokens: int) -> SamplingParams:
+    """Greedy decoding of exactly ``max_tokens`` tokens (EOS ignored)."""
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def run_engine(
+    engine: LLMEngine,
+    requests: Sequence[BenchRequest],
+    system: str,
+    observer: StepObserver | None = None,
+) -> RunResult:
+    """Submit every request at once, step until all finish; their timings.
+
+    TTFT counts from each request's ``add_request`` (all at the start), so it includes the time
+    spent queued behind other requests, as a server's TTFT would.
+    """
+    start = time.perf_counter()
+    ids = [engine.add_request(r.prompt, greedy_params(r.max_tokens)) for r in requests]
+    finished: dict[str, RequestOutput] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output
+        if observer is not None:
+            observer(engine)
+    wall = time.perf_counter() - start
+    outputs = [finished[i] for i in ids]
+    return result_of(system, outputs, wall)
+
+
+def result_of(system: str, outputs: Sequence[RequestOutput], wall_s: float) -> RunResult:
+    """A :class:`RunResult` from finished outputs' metrics."""
+    ttft = [o.metrics.ttft for o in outputs]
+    decode = [o.metrics.decode_time for o in outputs]
+    return RunResult(
+        system=system,
+        output_tokens=sum(len(o.token_ids) for o in outputs),
+        wall_s=wall_s,
+        ttft_s=tuple(t for t in ttft if t is not None),
+        decode_s=tuple(d for d in decode if d is not None),
+        decode_tokens=tuple(len(o.token_ids) - 1 for o in outputs),
+    )
+
+
+def warm_up(engine: LLMEngine, vocab: int) -> None:
+    """Run two short requests so that one-time costs (kernel selection, allocator) are paid."""
+    prompts = [BenchRequest(tuple(range(1, 1 + min(40, vocab - 1))), 4)] * 2
+    run_engine(engine, prompts, "warm-up")
