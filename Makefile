@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
-.PHONY: install test conformance typecheck lint clean bench bench-gate
+.PHONY: install demo test conformance typecheck lint clean bench bench-gate
 
 install: $(VENV)/.installed
 
@@ -22,6 +22,10 @@ $(VENV)/.installed: pyproject.toml
 # state machine's oracle follows the chained-hash index where the spec leaves room (see README).
 RADIX_SUITES := pagedkv_conformance.test_kv_manager pagedkv_conformance.test_engine \
 	pagedkv_conformance.test_engine_state_machine
+
+# The embedded model on a batch sharing a long system prompt, prefix caching on and off.
+demo: install
+	$(BIN)/pagedkv demo
 
 test: install
 	$(BIN)/pytest tests
