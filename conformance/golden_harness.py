@@ -60,20 +60,7 @@ class GoldenCheckpoints:
         key = (preset, dtype, device)
         if key not in self._expected:
             model = self.reference(preset, dtype, device)
-            outputs = []
-            for prompt in golden_prompts(PRESETS[preset].vocab):
-                ids = torch.tensor([prompt], device=device)
-                with torch.no_grad():
-                    out = model.generate(
-                        ids,
-                        attention_mask=torch.ones_like(ids),  # token 0 is a real token here
-                        max_new_tokens=NEW_TOKENS,
-                        min_new_tokens=NEW_TOKENS,
-                        do_sample=False,
-                        eos_token_id=None,
-                        pad_token_id=0,
-                    )
-                outputs.append(out[0, len(prompt) :].tolist())
+            outputs = hf_greedy(model, golden_prompts(PRESETS[preset].vocab), NEW_TOKENS)
             self._expected[key] = outputs
         return self._expected[key]
 
@@ -82,6 +69,40 @@ class GoldenCheckpoints:
         logits = reference_logits(self.reference(preset, dtype, device), context)[-1]
         top = torch.topk(logits, 2).values
         return float(top[0] - top[1])
+
+
+def hf_greedy(model: Any, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+    """transformers' greedy ``generate``, one prompt at a time, exactly ``max_tokens`` each.
+
+    The attention mask is explicit: token 0 is an ordinary token of these prompts, and
+    ``generate`` would otherwise take it for padding.
+    """
+    device = next(model.parameters()).device
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([list(prompt)], device=device)
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
+
+
+def load_hf_eager(path: str | Path, device: str) -> Any:
+    """A local checkpoint loaded by transformers in float32 with eager attention."""
+    from transformers import AutoModelForCausalLM
+
+    auto_model: Any = AutoModelForCausalLM
+    return auto_model.from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="eager", local_files_only=True
+    ).to(device)
 
 
 class CountingRunner:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -23,6 +22,8 @@ from .golden_harness import (
     GoldenCheckpoints,
     golden_prompts,
     greedy_outputs,
+    hf_greedy,
+    load_hf_eager,
     model_engine,
 )
 
@@ -142,7 +143,7 @@ class GoldenSuite:
         self, backend: Backend, model_device: str, mode: CacheMode, page_size: int
     ) -> None:
         """The embedded default model, on text through its tokenizer, in float32."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         from pagedkv.assets import default_model_dir
 
@@ -150,24 +151,7 @@ class GoldenSuite:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         texts = ["def read_config(path):\n", "import os\nimport sys\n", "class Parser("]
         prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        auto_model: Any = AutoModelForCausalLM
-        reference = auto_model.from_pretrained(
-            str(path), dtype=torch.float32, attn_implementation="eager", local_files_only=True
-        ).to(model_device)
-        expected = []
-        for prompt in prompts:
-            ids = torch.tensor([prompt], device=model_device)
-            with torch.no_grad():
-                out = reference.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=32,
-                    min_new_tokens=32,
-                    do_sample=False,
-                    eos_token_id=None,
-                    pad_token_id=0,
-                )
-            expected.append(out[0, len(prompt) :].tolist())
+        expected = hf_greedy(load_hf_eager(path, model_device), prompts, 32)
         engine, _ = model_engine(
             backend, path, page_size=page_size, mode=mode, device=model_device, num_pages=64
         )
@@ -179,9 +163,8 @@ class GoldenSuite:
         path = os.environ.get(REAL_CHECKPOINT_ENV)
         if not path:
             pytest.skip(f"set {REAL_CHECKPOINT_ENV} to a local Qwen3 checkpoint to run this")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        auto_model: Any = AutoModelForCausalLM
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         texts = [
             "The capital of France is",
@@ -189,23 +172,7 @@ class GoldenSuite:
             "Paged attention stores the KV cache in fixed-size pages so that",
         ]
         prompts = [tokenizer.encode(t) for t in texts]
-        reference = auto_model.from_pretrained(
-            path, dtype=torch.float32, attn_implementation="eager", local_files_only=True
-        ).to(model_device)
-        expected = []
-        for prompt in prompts:
-            with torch.no_grad():
-                ids = torch.tensor([prompt], device=model_device)
-                out = reference.generate(
-                    ids,
-                    attention_mask=torch.ones_like(ids),
-                    max_new_tokens=24,
-                    min_new_tokens=24,
-                    do_sample=False,
-                    eos_token_id=None,
-                    pad_token_id=0,
-                )
-            expected.append(out[0, len(prompt) :].tolist())
+        expected = hf_greedy(load_hf_eager(path, model_device), prompts, 24)
         engine, _ = model_engine(
             backend, Path(path), page_size=16, mode="v1", device=model_device, num_pages=256
         )
