@@ -121,6 +121,11 @@ class CountingRunner:
     def vocab_size(self) -> int:
         return int(self.inner.vocab_size)
 
+    @property
+    def max_positions(self) -> int | None:
+        limit: int | None = self.inner.max_positions
+        return limit
+
     def execute(self, plan: StepPlan) -> torch.Tensor:
         self.tokens_per_step.append(plan.num_tokens)
         logits: torch.Tensor = self.inner.execute(plan)

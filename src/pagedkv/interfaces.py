@@ -353,6 +353,12 @@ class StepRunner(Protocol):
         """Rows of the logits."""
         ...
 
+    @property
+    def max_positions(self) -> int | None:
+        """Positions the model was trained for (``max_position_embeddings``), ``None`` if it
+        has no such limit. An engine never lets a sequence go past it (ENG-034)."""
+        ...
+
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """``[B, vocab]`` float32 CPU logits at ``plan.logits_indices``."""
         ...

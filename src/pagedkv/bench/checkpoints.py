@@ -116,26 +116,22 @@ def qwen3_shaped_checkpoint(cache_dir: Path, shape: Qwen3Shape = QWEN3_0_6B) -> 
 
 
 def _hf_config(shape: Qwen3Shape) -> Any:
-    from transformers import Qwen3Config
+    from pagedkv.testing.tiny_qwen3 import TinySpec, hf_config
 
-    return Qwen3Config(
-        vocab_size=shape.vocab,
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        head_dim=shape.head_dim,
-        hidden_act="silu",
-        max_position_embeddings=shape.max_position_embeddings,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=shape.tie_word_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
-        attention_bias=False,
-        use_sliding_window=False,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
+    return hf_config(
+        TinySpec(
+            vocab=shape.vocab,
+            hidden=shape.hidden,
+            layers=shape.layers,
+            heads=shape.heads,
+            kv_heads=shape.kv_heads,
+            head_dim=shape.head_dim,
+            intermediate=shape.intermediate,
+            tie_word_embeddings=shape.tie_word_embeddings,
+            rope_theta=shape.rope_theta,
+            seed=shape.seed,
+            max_position_embeddings=shape.max_position_embeddings,
+        )
     )
 
 

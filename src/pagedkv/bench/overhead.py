@@ -41,6 +41,10 @@ class TimedRunner:
     def vocab_size(self) -> int:
         return self.inner.vocab_size
 
+    @property
+    def max_positions(self) -> int | None:
+        return self.inner.max_positions
+
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Run the wrapped runner, recording when it started and ended and the plan's size."""
         self.last_num_tokens = plan.num_tokens

@@ -45,11 +45,8 @@ def make_engine(
 ) -> LLMEngine:
     """A fresh engine (empty queues, empty page pool) over an already loaded runner.
 
-    As :meth:`LLMEngine.from_model_dir` does, ``max_model_len`` is capped by the positions the
-    model was trained for.
+    The engine caps ``max_model_len`` by the positions the model was trained for (ENG-034).
     """
-    if isinstance(runner, ModelRunner):
-        max_model_len = min(max_model_len, runner.model.config.max_position_embeddings)
     config = EngineConfig(
         page_size=page_size,
         num_pages=num_pages,

@@ -8,7 +8,6 @@ pages of finished requests.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from collections.abc import Generator, Sequence
@@ -51,6 +50,8 @@ class LLMEngine:
             )
         self.kv: KVManager | None = kv_manager if config.mode == "v1" else None
         self.max_model_len = config.max_model_len
+        if runner.max_positions is not None:  # never past what the model was trained for
+            self.max_model_len = min(self.max_model_len, runner.max_positions)
         if self.kv is not None:
             self.max_model_len = min(self.max_model_len, self.kv.num_pages * self.kv.page_size)
         self.scheduler = Scheduler(config, self.kv)
@@ -86,10 +87,6 @@ class LLMEngine:
         )
         path = Path(model_dir)
         has_tokenizer = (path / "tokenizer.json").exists()
-        # A sequence never goes past the positions the model was trained for.
-        trained = runner.model.config.max_position_embeddings
-        if config.max_model_len > trained:
-            config = dataclasses.replace(config, max_model_len=trained)
         return cls(
             runner,
             config,

@@ -61,6 +61,10 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
+    @property
+    def max_positions(self) -> int:
+        return self.model.config.max_position_embeddings
+
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Logits ``[B, vocab]`` (float32, on the CPU) at each sequence's last scheduled row."""
         with torch.inference_mode():

@@ -52,6 +52,11 @@ class HashRunner:
         return self._vocab
 
     @property
+    def max_positions(self) -> None:
+        """A hash has no trained length."""
+        return None
+
+    @property
     def tokens_per_step(self) -> list[int]:
         """Positions fed to the model at each step, all sequences together."""
         return [sum(step) for step in self.steps]

@@ -117,7 +117,8 @@ def model_device() -> str:
     return os.environ.get(DEVICE_ENV, "cpu")
 
 
-def _hf_config(spec: TinySpec) -> Any:
+def hf_config(spec: TinySpec) -> Any:
+    """transformers' ``Qwen3Config`` for ``spec`` (default RoPE, SiLU, no sliding window)."""
     from transformers import Qwen3Config
 
     return Qwen3Config(
@@ -161,7 +162,7 @@ def build_hf_model(spec: TinySpec) -> Any:
     if spec.heads % spec.kv_heads != 0 or spec.head_dim % 2 != 0:
         raise InvalidRequest(f"invalid tiny spec {spec}")
     with torch.random.fork_rng(devices=[]):
-        model: Any = Qwen3ForCausalLM(_hf_config(spec))
+        model: Any = Qwen3ForCausalLM(hf_config(spec))
     generator = torch.Generator().manual_seed(spec.seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
