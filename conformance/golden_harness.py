@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from pagedkv.engine.config import CacheMode, EngineConfig
+from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import SamplingParams
 from pagedkv.interfaces import Backend, Engine, EngineBackend, KVManagerConfig, ModelBackend
 from pagedkv.plan import StepPlan
@@ -169,10 +170,4 @@ def greedy_outputs(
 ) -> list[list[int]]:
     """Greedy, EOS ignored, ``max_tokens`` each, as one batch."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    ids = [engine.add_request(list(p), params) for p in prompts]
-    done: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                done[output.request_id] = list(output.token_ids)
-    return [done[i] for i in ids]
+    return [list(o.token_ids) for o in run_to_completion(engine, prompts, params)]

@@ -13,12 +13,13 @@ from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Message
 from pagedkv.errors import InvalidRequest
+from pagedkv.interfaces import Engine
 
 Prompt = str | Sequence[int]
 
 
 def run_to_completion(
-    engine: LLMEngine,
+    engine: Engine,
     prompts: Sequence[Prompt],
     params: SamplingParams | Sequence[SamplingParams],
     *,
