@@ -34,11 +34,12 @@ from server_harness import (
 )
 from serving_models import tiny_chat_model
 
+from pagedkv.cli import build_parser
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine import LLMEngine
 from pagedkv.plan import StepPlan
 from pagedkv.server.admission import AdmissionLimits
-from pagedkv.server.app import ServerConfig, create_app
+from pagedkv.server.app import DEFAULT_MAX_BODY_BYTES, ServerConfig, create_app
 from pagedkv.server.http import HTTPOptions
 from pagedkv.testing.hash_runner import HashRunner
 
@@ -345,3 +346,22 @@ def test_a_poison_temperature_fails_none_of_31_other_streams(tiny_server: Runnin
         assert not any("error" in c for c in chunks)
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     wait_idle(tiny_server.bridge)
+
+
+@pytest.mark.spec("SRV-066")
+def test_serve_flags_default_to_the_servers_own_defaults() -> None:
+    args = build_parser().parse_args(["serve"])
+    limits = AdmissionLimits()
+    http = HTTPOptions()
+    assert args.max_prompts_per_request == limits.max_prompts_per_request == 64
+    assert args.max_waiting_requests == limits.max_waiting_requests == 256
+    assert args.request_timeout is limits.request_timeout_s is None
+    assert args.header_timeout == http.header_timeout_s == 10
+    assert args.body_timeout == http.body_timeout_s == 30
+    assert args.shutdown_timeout == http.shutdown_timeout_s == 30
+    assert args.max_body_bytes == DEFAULT_MAX_BODY_BYTES
+    assert args.log_stats_interval == ServerConfig().log_stats_interval_s
+    assert args.api_key is None
+    assert not args.cache_salt_per_api_key
+    keys = build_parser().parse_args(["serve", "--api-key", "a", "--api-key", "b"]).api_key
+    assert keys == ["a", "b"]

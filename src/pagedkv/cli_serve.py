@@ -16,13 +16,15 @@ from pagedkv.cli_engine import (
     wrap,
 )
 from pagedkv.errors import InvalidRequest
+from pagedkv.server.admission import (
+    DEFAULT_MAX_PROMPTS_PER_REQUEST,
+    DEFAULT_MAX_WAITING_REQUESTS,
+    AdmissionLimits,
+)
 
-#: Default bound of a request body, bytes (as ``pagedkv.server.app.DEFAULT_MAX_BODY_BYTES``).
+#: Defaults of the HTTP flags, as in ``pagedkv.server.app`` and ``pagedkv.server.http`` (which
+#: import FastAPI and uvicorn: only loaded when serving, so that ``--help`` stays fast).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
-#: Defaults of the admission and HTTP flags; the server modules hold the same values, imported
-#: only when serving so that ``pagedkv --help`` stays fast.
-DEFAULT_MAX_PROMPTS_PER_REQUEST = 64
-DEFAULT_MAX_WAITING_REQUESTS = 256
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30
@@ -172,7 +174,6 @@ def _add_auth_flags(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the model and serve until interrupted; returns the exit status."""
     from pagedkv.assets import DEFAULT_MODEL_NAME
-    from pagedkv.server.admission import AdmissionLimits
     from pagedkv.server.app import ServerConfig, create_app
     from pagedkv.server.http import HTTPOptions, Server
 
