@@ -376,8 +376,8 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server: Served) -> None:
     }
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
         assert response.status_code == 200
-        next(response.iter_raw())
-        assert server.bridge.stats().pages_in_use > 0
+        first = next(response.iter_raw())
+        assert server.bridge.stats().pages_in_use > 0, (first, server.bridge.stats())
     stats = wait_idle(server.bridge, timeout=10)
     assert stats.pages_in_use == 0
     assert stats.running == 0

@@ -243,7 +243,9 @@ def test_startup_summary_and_throughput_lines_are_logged(
     assert throughput, messages
     assert "tokens/s" in throughput[0]
     assert "KV pages in use" in throughput[0]
-    assert any(m.startswith("engine stopped: 0 requests left, 0 KV pages in use") for m in messages)
+    assert any(
+        m.startswith("engine stopped: 0 requests aborted, 0 KV pages in use") for m in messages
+    )
 
 
 @pytest.mark.spec("SRV-081")

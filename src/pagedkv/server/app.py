@@ -117,12 +117,13 @@ def create_app(
                 reporter.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reporter
+            in_flight = bridge.stats()
             bridge.shutdown()
             stats = bridge.stats()
             log = logger.info if stats.pages_in_use == 0 else logger.error
             log(
-                "engine stopped: %d requests left, %d KV pages in use",
-                stats.running + stats.waiting,
+                "engine stopped: %d requests aborted, %d KV pages in use",
+                in_flight.running + in_flight.waiting,
                 stats.pages_in_use,
             )
 
