@@ -165,6 +165,14 @@ def test_unknown_fields_are_logged_as_ignored(
         for w in warnings
     ), warnings
     assert any("'messages.0.name'" in w for w in warnings), warnings
+    caplog.clear()
+    many = {f"extra_{i:02d}": i for i in range(30)}
+    with caplog.at_level(logging.WARNING, logger="pagedkv.server"):
+        assert post_json(f"{server.url}/tokenize", {"prompt": "x", **many}).status_code == 200
+    (line,) = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert "'extra_19'" in line
+    assert "'extra_20'" not in line
+    assert line.endswith(" and 10 more")
 
 
 @pytest.mark.spec("SRV-054")

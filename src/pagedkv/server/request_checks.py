@@ -17,6 +17,9 @@ from pagedkv.server.errors import APIError
 
 logger = logging.getLogger("pagedkv.server")
 
+#: Most ignored field names one warning lists (a body may carry thousands).
+MAX_LOGGED_FIELDS = 20
+
 
 def _texts(value: object, path: str) -> Iterator[tuple[str, str]]:
     """Every ``(path, text)`` in a declared field value, depth first."""
@@ -66,9 +69,12 @@ def ignored_fields(body: BaseModel, path: str = "") -> list[str]:
 def check_request(body: BaseModel) -> None:
     """Refuse invalid text (400) and log the fields that will be ignored."""
     check_text(body)
-    ignored = ignored_fields(body)
+    ignored = sorted(ignored_fields(body))
     if ignored:
+        shown = ", ".join(ascii(name) for name in ignored[:MAX_LOGGED_FIELDS])
+        more = len(ignored) - MAX_LOGGED_FIELDS
         logger.warning(
-            "The following fields were present in the request but ignored: %s",
-            ", ".join(ascii(name) for name in sorted(ignored)),
+            "The following fields were present in the request but ignored: %s%s",
+            shown,
+            f" and {more} more" if more > 0 else "",
         )
