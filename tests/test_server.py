@@ -7,28 +7,24 @@ engine must come back to no running or waiting request and no KV page in use (SR
 from __future__ import annotations
 
 import json
-import re
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import pytest
 import torch
-import uvicorn
 from fastapi.testclient import TestClient
 from openai import OpenAI
+from server_harness import error_of, metric, parse_prometheus, running, sse_events, wait_idle
 from serving_models import serving_model_dir
 
 from pagedkv.cli import build_parser
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.llm import run_to_completion
-from pagedkv.engine.outputs import EngineStats
 from pagedkv.engine.params import SamplingParams
 from pagedkv.plan import StepPlan
 from pagedkv.server.app import create_app
@@ -60,30 +56,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     app = create_app(
         LLMEngine.from_model_dir(model_dir, CONFIG, device=model_device()), MODEL, MAX_BODY_BYTES
     )
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive(), "the server thread ended"
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield Served(f"http://127.0.0.1:{port}", app.state.server.engine, model_dir)
-    server.should_exit = True
-    thread.join(30)
-
-
-def wait_idle(bridge: AsyncEngine, timeout: float = 20.0) -> EngineStats:
-    """Poll until nothing runs or waits and no page is in use; the final stats."""
-    deadline = time.monotonic() + timeout
-    stats = bridge.stats()
-    while time.monotonic() < deadline:
-        stats = bridge.stats()
-        if stats.running == 0 and stats.waiting == 0 and stats.pages_in_use == 0:
-            return stats
-        time.sleep(0.02)
-    raise AssertionError(f"the engine did not become idle: {stats}")
+    with running(app) as server:
+        yield Served(server.url, server.bridge, model_dir)
 
 
 @pytest.fixture
@@ -102,35 +76,6 @@ def reference(served: Served) -> LLMEngine:
 def offline(engine: LLMEngine, prompts: list[str | list[int]], **params: Any) -> list[str]:
     outputs = run_to_completion(engine, prompts, SamplingParams(temperature=0.0, **params))
     return [o.text for o in outputs]
-
-
-def sse_events(lines: Iterator[str]) -> list[str]:
-    """The ``data:`` payloads of an event stream, ``[DONE]`` included."""
-    return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
-
-
-class HTTPResponse(Protocol):
-    """What the checks read of an httpx or test-client response."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def text(self) -> str: ...
-
-    def json(self) -> Any: ...
-
-
-def error_of(response: HTTPResponse, status: int) -> dict[str, Any]:
-    """The OpenAI error object of a ``status`` response (SRV-010)."""
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    error: dict[str, Any] = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str)
-    assert error["message"]
-    return error
 
 
 # -- completions and chat --------------------------------------------------------------------
@@ -414,12 +359,9 @@ def test_n_other_than_one_is_400(server: Served) -> None:
 
 
 def _finished(metrics_text: str, reason: str) -> float:
-    match = re.search(
-        rf'^pagedkv_requests_finished_total\{{finish_reason="{reason}"\}} (\S+)$',
-        metrics_text,
-        re.MULTILINE,
+    return metric(
+        metrics_text, "vllm:request_success_total", model_name=MODEL, finished_reason=reason
     )
-    return float(match.group(1)) if match else 0.0
 
 
 @pytest.mark.spec("SRV-020", "SRV-022")
@@ -434,8 +376,8 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server: Served) -> None:
     }
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
         assert response.status_code == 200
-        next(response.iter_raw())
-        assert server.bridge.stats().pages_in_use > 0
+        first = next(response.iter_raw())
+        assert server.bridge.stats().pages_in_use > 0, (first, server.bridge.stats())
     stats = wait_idle(server.bridge, timeout=10)
     assert stats.pages_in_use == 0
     assert stats.running == 0
@@ -454,31 +396,8 @@ def test_disconnect_before_a_plain_response_aborts(server: Served) -> None:
 
 # -- operations ---------------------------------------------------------------------------------
 
-METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
-
-def parse_prometheus(text: str) -> tuple[dict[str, str], dict[str, float]]:
-    """``(types, samples)``: family name → type, and ``name{labels}`` → value; every line must
-    be a comment or a well-formed sample of a declared family."""
-    types: dict[str, str] = {}
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            types[name] = kind
-        elif line.startswith("# HELP ") or not line:
-            continue
-        else:
-            match = METRIC_LINE.match(line)
-            assert match, f"not a Prometheus sample: {line!r}"
-            name = match.group(1)
-            family = re.sub(r"_(bucket|sum|count)$", "", name)
-            assert name in types or family in types, f"{name} has no # TYPE"
-            samples[name + (match.group(2) or "")] = float(match.group(3))
-    return types, samples
-
-
-@pytest.mark.spec("SRV-031")
+@pytest.mark.spec("SRV-031", "SRV-080")
 def test_metrics_is_prometheus_text_tracking_the_engine(server: Served) -> None:
     client = server.client()
     client.completions.create(
@@ -494,16 +413,32 @@ def test_metrics_is_prometheus_text_tracking_the_engine(server: Served) -> None:
         assert samples[f"pagedkv_kv_pages_{name}"] == getattr(stats, f"pages_{name}")
     assert samples["pagedkv_kv_pages_in_use"] == 0
     assert samples["pagedkv_prefix_cache_hit_rate"] == pytest.approx(stats.hit_rate)
-    assert samples["pagedkv_requests_running"] == 0
-    assert samples["pagedkv_requests_waiting"] == 0
-    assert samples["pagedkv_preemptions_total"] == stats.preemptions
-    assert samples["pagedkv_generation_tokens_total"] >= 3
-    assert types["pagedkv_time_to_first_token_seconds"] == "histogram"
-    count = samples["pagedkv_time_to_first_token_seconds_count"]
-    assert count >= 1
-    assert samples['pagedkv_time_to_first_token_seconds_bucket{le="+Inf"}'] == count
     assert types["pagedkv_kv_pages_in_use"] == "gauge"
-    assert types["pagedkv_generation_tokens_total"] == "counter"
+    model = f'{{model_name="{MODEL}"}}'
+    assert samples[f"vllm:num_requests_running{model}"] == 0
+    assert samples[f"vllm:num_requests_waiting{model}"] == 0
+    assert samples[f"vllm:kv_cache_usage_perc{model}"] == 0
+    assert samples[f"vllm:num_preemptions_total{model}"] == stats.preemptions
+    assert samples[f"vllm:prefix_cache_queries_total{model}"] == stats.query_tokens
+    assert samples[f"vllm:prefix_cache_hits_total{model}"] == stats.hit_tokens
+    assert samples[f"vllm:generation_tokens_total{model}"] >= 3
+    assert types["vllm:generation_tokens_total"] == "counter"
+    for family in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:time_per_output_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+    ):
+        assert types[family] == "histogram"
+        count = samples[f"{family}_count{model}"]
+        assert count >= 1
+        assert samples[f'{family}_bucket{{le="+Inf",model_name="{MODEL}"}}'] == count
+    # the 3-token request: 2 gaps between its tokens
+    assert samples[f"vllm:time_per_output_token_seconds_count{model}"] >= 2
+    assert samples["process_resident_memory_bytes"] > 0  # process metrics
+    assert types["process_cpu_seconds_total"] == "counter"
 
 
 @pytest.mark.spec("SRV-030")

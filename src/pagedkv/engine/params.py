@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from pagedkv.errors import InvalidRequest
 
+#: Temperatures below this are sampled greedily (argmax), as vLLM does: dividing logits by a
+#: smaller one can overflow float32 to ``inf`` and leave no distribution to sample from.
+GREEDY_TEMPERATURE = 1e-5
+
 
 class InvalidSamplingParams(InvalidRequest):
     """A sampling parameter is out of range; the message names it."""
@@ -17,7 +21,8 @@ class SamplingParams:
 
     Attributes:
         max_tokens: most tokens to generate, at least 1.
-        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        temperature: below :data:`GREEDY_TEMPERATURE` (0 included) means greedy (argmax);
+            otherwise logits are divided by it.
         top_k: keep the ``top_k`` most likely tokens; 0 or -1 keeps all.
         top_p: keep the smallest set of most likely tokens whose probability reaches ``top_p``;
             in ``(0, 1]``.
@@ -66,5 +71,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """Whether the next token is always the argmax."""
-        return self.temperature == 0.0
+        """Whether the next token is always the argmax (ENG-046)."""
+        return self.temperature < GREEDY_TEMPERATURE

@@ -15,7 +15,9 @@ from pagedkv.engine.params import SamplingParams
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Probabilities after temperature, top-k, top-p and min-p; ``logits`` is ``[vocab]`` fp32.
 
-    Precondition: ``params.temperature > 0``.
+    Precondition: not ``params.greedy``: the temperature is at least
+    :data:`~pagedkv.engine.params.GREEDY_TEMPERATURE`, so logits of any realistic size stay
+    finite once scaled.
     """
     scaled = logits / params.temperature
     if params.top_k > 0 and params.top_k < scaled.shape[-1]:

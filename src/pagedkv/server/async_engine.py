@@ -5,6 +5,10 @@ engine needs no locks. Request handlers submit work through a thread-safe comman
 receive each request's outputs on their own ``asyncio.Queue``, filled from the engine thread
 with ``loop.call_soon_threadsafe``. The thread steps while any request is unfinished and
 sleeps on the command queue otherwise.
+
+Admission (see :mod:`pagedkv.server.admission`) happens at both ends: the prompt count is checked
+when a request is submitted, the queue depth on the engine thread when it is added (where the
+engine's count of waiting requests is exact), and deadlines between steps.
 """
 
 from __future__ import annotations
@@ -15,16 +19,20 @@ import contextlib
 import dataclasses
 import queue
 import threading
+import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.outputs import EngineStats, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Message
 from pagedkv.errors import InvalidRequest, PagedKVError
-from pagedkv.server.metrics import ServingMetrics
+from pagedkv.server.admission import AdmissionLimits, DeadlineExceeded, Deadlines
+
+T = TypeVar("T")
 
 #: Seconds the engine thread waits for a command when a step scheduled nothing.
 IDLE_POLL_S = 0.005
@@ -89,6 +97,8 @@ class _Submit:
     params: SamplingParams
     fill_context: bool
     token_texts: bool
+    cache_salt: str | None
+    deadline: float | None  # time.monotonic() seconds
     sink: _Sink
     accepted: concurrent.futures.Future[None]
 
@@ -98,11 +108,19 @@ class _Abort:
     request_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """Run ``function`` on the engine thread (which owns the tokenizer) and keep its result."""
+
+    function: Callable[[], Any]
+    result: concurrent.futures.Future[Any]
+
+
 class _Stop:
     pass
 
 
-_Command = _Submit | _Abort | _Stop
+_Command = _Submit | _Abort | _Call | _Stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,13 +178,28 @@ class AsyncEngine:
     the thread that owns the event loop.
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        limits: AdmissionLimits | None = None,
+        *,
+        observer: Callable[[RequestOutput], None] | None = None,
+    ) -> None:
+        """Args:
+        engine: a freshly built engine with no requests.
+        limits: the admission limits (defaults when ``None``).
+        observer: called on the engine thread with every output (metrics); must not raise.
+        """
         self._engine = engine
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._routes: dict[str, _Route] = {}
         self._thread: threading.Thread | None = None
         self._stats = engine.stats()
-        self.metrics = ServingMetrics()
+        self._observer = observer
+        self._admitting = threading.Event()
+        self._admitting.set()
+        self._deadlines = Deadlines()
+        self.limits = limits if limits is not None else AdmissionLimits()
         self.max_model_len = engine.max_model_len
 
     # -- lifecycle (event-loop side) --------------------------------------------------------
@@ -177,12 +210,25 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="pagedkv-engine", daemon=True)
         self._thread.start()
 
+    def stop_admitting(self) -> None:
+        """Refuse every later submission (``EngineUnavailable``, answered 503) while the
+        requests already accepted go on: the first step of a graceful shutdown."""
+        self._admitting.clear()
+
+    @property
+    def is_admitting(self) -> bool:
+        """Whether the engine runs and new submissions are accepted."""
+        return self.is_running and self._admitting.is_set()
+
     def shutdown(self) -> None:
         """Abort every request in flight and stop the engine thread."""
+        self._admitting.clear()
         thread = self._thread
         if thread is not None and thread.is_alive():
             self._commands.put(_Stop())
             thread.join(SHUTDOWN_TIMEOUT_S)
+        if thread is not None and not thread.is_alive():
+            self._fail_pending()  # submitted while the thread was stopping
 
     @property
     def is_running(self) -> bool:
@@ -201,32 +247,50 @@ class AsyncEngine:
         *,
         fill_context: bool = False,
         token_texts: bool = False,
+        cache_salt: str | None = None,
     ) -> GenerationStream:
         """Queue one request per prompt, all or none.
 
         Args:
-            prompts: at least one prompt.
+            prompts: at least one prompt, at most ``limits.max_prompts_per_request``.
             params: sampling parameters shared by every prompt.
             fill_context: replace ``params.max_tokens`` by the positions left in the model's
                 context after each prompt.
             token_texts: decode the token ids of logprobs entries (see :class:`StreamItem`).
+            cache_salt: the prefix-cache namespace of every prompt: pages are shared only
+                between requests with the same salt.
 
         Raises:
-            InvalidRequest: a prompt is invalid or can never fit (``RequestTooLong``); nothing
-                was queued.
-            EngineUnavailable: the engine thread is not running.
+            InvalidRequest: a prompt is invalid or can never fit (``RequestTooLong``), or there
+                are too many (``TooManyPrompts``); nothing was queued.
+            QueueFull: the engine's waiting queue has no room for them now.
+            EngineUnavailable: the engine thread is not running, or the server is shutting
+                down.
         """
         if not self.is_running:
             raise EngineUnavailable("the engine is not running")
+        if not self._admitting.is_set():
+            raise EngineUnavailable("the server is shutting down")
         if not prompts:
             raise InvalidRequest("the prompt is empty")
+        self.limits.check_prompts(len(prompts))
+        timeout = self.limits.request_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
         items: asyncio.Queue[StreamItem | BaseException] = asyncio.Queue()
         base = uuid.uuid4().hex
         request_ids = tuple(f"{base}-{i}" for i in range(len(prompts)))
         accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
         sink = _Sink(asyncio.get_running_loop(), items)
         command = _Submit(
-            request_ids, tuple(prompts), params, fill_context, token_texts, sink, accepted
+            request_ids,
+            tuple(prompts),
+            params,
+            fill_context,
+            token_texts,
+            cache_salt,
+            deadline,
+            sink,
+            accepted,
         )
         self._commands.put(command)
         stream = GenerationStream(self, request_ids, items)
@@ -241,6 +305,37 @@ class AsyncEngine:
         """Ask the engine thread to abort these requests; unknown or finished ids are
         ignored. Returns at once."""
         self._commands.put(_Abort(tuple(request_ids)))
+
+    async def run_on_engine(self, function: Callable[[], T]) -> T:
+        """``function()`` run on the engine thread, between two steps: the way to use the
+        engine's tokenizer, which that thread owns.
+
+        Raises:
+            EngineUnavailable: the engine thread is not running.
+            Exception: whatever ``function`` raised.
+        """
+        if not self.is_running:
+            raise EngineUnavailable("the engine is not running")
+        result: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._commands.put(_Call(function, result))
+        return await asyncio.wrap_future(result)
+
+    async def tokenize(self, prompt: PromptInput) -> list[int]:
+        """The token ids :meth:`submit` would give the engine for ``prompt``.
+
+        Raises:
+            InvalidRequest: the model has no tokenizer (or chat template) for this prompt.
+        """
+        return await self.run_on_engine(lambda: self._tokenize(prompt))
+
+    async def detokenize(self, token_ids: Sequence[int], *, each: bool = False) -> list[str]:
+        """The text of ``token_ids`` (special tokens skipped): one string, or with ``each``
+        one per token.
+
+        Raises:
+            InvalidRequest: the model has no tokenizer.
+        """
+        return await self.run_on_engine(lambda: self._detokenize(token_ids, each))
 
     # -- the engine thread ------------------------------------------------------------------
 
@@ -259,6 +354,7 @@ class AsyncEngine:
             if not self._drain(idle_timeout if busy else None):
                 return
             idle_timeout = 0.0
+            self._expire_deadlines()
             self._stats = self._engine.stats()
             if self._engine.has_unfinished_requests():
                 steps = self._stats.steps
@@ -281,10 +377,13 @@ class AsyncEngine:
                     return True
             if isinstance(command, _Stop):
                 self._end_all(EngineUnavailable("the server is shutting down"))
+                self._fail_pending()
                 self._stats = self._engine.stats()
                 return False
             if isinstance(command, _Submit):
                 self._add(command)
+            elif isinstance(command, _Call):
+                self._call(command)
             else:
                 self._abort(command.request_ids)
             command = None
@@ -294,6 +393,7 @@ class AsyncEngine:
             return  # the handler went away before its request was queued
         added: list[str] = []
         try:
+            self.limits.check_queue(self._engine.stats().waiting, len(command.prompts))
             for index, (request_id, prompt) in enumerate(
                 zip(command.request_ids, command.prompts, strict=True)
             ):
@@ -302,14 +402,52 @@ class AsyncEngine:
                 if command.fill_context:
                     left = max(1, self._engine.max_model_len - len(token_ids))
                     params = dataclasses.replace(params, max_tokens=left)
-                self._engine.add_request(token_ids, params, request_id=request_id)
+                self._engine.add_request(
+                    token_ids, params, request_id=request_id, cache_salt=command.cache_salt
+                )
                 added.append(request_id)
                 self._routes[request_id] = _Route(command.sink, index, command.token_texts)
         except Exception as exc:  # typed engine errors, or a tokenizer's own
             self._abort(added)
             command.accepted.set_exception(exc)
             return
+        if command.deadline is not None:
+            self._deadlines.add(command.deadline, command.request_ids)
         command.accepted.set_result(None)
+
+    def _fail_pending(self) -> None:
+        """Refuse the commands still queued once the thread has stopped serving."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            future: concurrent.futures.Future[Any] | None = None
+            if isinstance(command, _Submit):
+                future = command.accepted
+            elif isinstance(command, _Call):
+                future = command.result
+            if future is not None and future.set_running_or_notify_cancel():
+                future.set_exception(EngineUnavailable("the server is shutting down"))
+
+    def _call(self, command: _Call) -> None:
+        if not command.result.set_running_or_notify_cancel():
+            return
+        try:
+            command.result.set_result(command.function())
+        except Exception as exc:  # handed to the caller
+            command.result.set_exception(exc)
+
+    def _expire_deadlines(self) -> None:
+        """End every routed request whose deadline has passed with ``DeadlineExceeded``."""
+        timeout = self.limits.request_timeout_s
+        for request_id in self._deadlines.due(time.monotonic()):
+            route = self._routes.get(request_id)
+            if route is not None:
+                route.sink.put(
+                    DeadlineExceeded(f"the request did not finish within {timeout} seconds")
+                )
+                self._abort([request_id])
 
     def _tokenize(self, prompt: PromptInput) -> list[int]:
         tokenizer = self._engine.tokenizer
@@ -321,12 +459,20 @@ class AsyncEngine:
             return tokenizer.apply_chat_template(prompt.messages)
         return tokenizer.encode(prompt)
 
+    def _detokenize(self, token_ids: Sequence[int], each: bool) -> list[str]:
+        tokenizer = self._engine.tokenizer
+        if tokenizer is None:
+            raise InvalidRequest("this model has no tokenizer")
+        if each:
+            return [tokenizer.decode([i]) for i in token_ids]
+        return [tokenizer.decode(token_ids)]
+
     def _abort(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
             self._routes.pop(request_id, None)
             output = self._engine.abort(request_id)
             if output is not None:
-                self.metrics.observe(output)
+                self._observe(output)
 
     def _step(self) -> None:
         try:
@@ -337,7 +483,7 @@ class AsyncEngine:
             return
         self._stats = self._engine.stats()  # published before any output reaches a handler
         for output in outputs:
-            self.metrics.observe(output)
+            self._observe(output)
             route = self._routes.get(output.request_id)
             if route is None:
                 continue
@@ -345,6 +491,10 @@ class AsyncEngine:
             route.sink.put(StreamItem(route.index, output, texts))
             if output.finished:
                 del self._routes[output.request_id]
+
+    def _observe(self, output: RequestOutput) -> None:
+        if self._observer is not None:
+            self._observer(output)
 
     def _end_all(self, error: PagedKVError) -> None:
         routes = list(self._routes.items())

@@ -1,18 +1,25 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
 Only the fields pagedkv implements are declared; unknown request fields (``user``,
-``frequency_penalty``, ...) are accepted and ignored, as OpenAI clients send some by default.
+``frequency_penalty``, ...) are accepted, as OpenAI clients send some by default, kept in
+``model_extra`` and logged as ignored (see :mod:`pagedkv.server.request_checks`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: Largest seed a request may give: ``torch.Generator`` takes unsigned 64-bit seeds.
+MAX_SEED = 2**64 - 1
+
+#: A token id as a tokenizer takes it (a 32-bit index).
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
 
 class StreamOptions(_Request):
@@ -22,19 +29,28 @@ class StreamOptions(_Request):
 
 
 class SamplingFields(_Request):
-    """Sampling fields shared by both endpoints; ranges are checked by ``SamplingParams``."""
+    """Sampling fields shared by both endpoints; ranges are checked by ``SamplingParams``.
 
-    model: str
+    Attributes:
+        model: the served model's name; absent means the served model.
+        seed: in ``[0, MAX_SEED]``, what ``torch.Generator`` takes.
+        cache_salt: a prefix-cache namespace: KV pages are shared only between requests with
+            the same salt (and, under per-key salting, the same API key). Use a long random
+            secret per user or group that may see each other's prompts.
+    """
+
+    model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    cache_salt: str | None = Field(default=None, min_length=1)
 
 
 class CompletionRequest(SamplingFields):
@@ -193,6 +209,51 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+
+
+class TokenizeCompletionRequest(_Request):
+    """``POST /tokenize`` of a text, as the completions endpoint tokenizes a prompt.
+
+    Attributes:
+        return_token_strs: also return each token's text.
+    """
+
+    model: str | None = None
+    prompt: str
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(_Request):
+    """``POST /tokenize`` of a conversation, as the chat endpoint renders it (the assistant's
+    turn opened)."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    """The token ids of a prompt, their count and the model's context length."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Request):
+    """``POST /detokenize``: the text of token ids (special tokens skipped)."""
+
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
 
 
 class ModelCard(BaseModel):

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 
 from pagedkv.server.async_engine import (
     AsyncEngine,
@@ -16,8 +16,9 @@ from pagedkv.server.async_engine import (
     EngineUnavailable,
     GenerationStream,
 )
+from pagedkv.server.auth import cache_salt
 from pagedkv.server.errors import APIError
-from pagedkv.server.metrics import PROMETHEUS_CONTENT_TYPE, render_prometheus
+from pagedkv.server.metrics import PROMETHEUS_CONTENT_TYPE, ServingMetrics
 from pagedkv.server.openai_format import (
     Collected,
     chat_logprobs,
@@ -39,6 +40,7 @@ from pagedkv.server.protocol import (
     ModelList,
     SamplingFields,
 )
+from pagedkv.server.request_checks import check_request
 from pagedkv.server.streaming import EventStream, chat_events, completion_events
 
 #: OpenAI's default ``max_tokens`` for completions.
@@ -53,13 +55,16 @@ class ServerState:
 
     Attributes:
         engine: the engine bridge.
-        model_name: the only model name requests may ask for.
+        model_name: the only model name requests may ask for (and what an absent ``model``
+            means).
         created: Unix time (seconds) the app was created, reported by ``/v1/models``.
+        metrics: the server's Prometheus metrics.
     """
 
     engine: AsyncEngine
     model_name: str
     created: int
+    metrics: ServingMetrics
 
 
 router = APIRouter()
@@ -72,14 +77,20 @@ def server_state(request: Request) -> ServerState:
     return state
 
 
-def _check_request(state: ServerState, body: SamplingFields) -> None:
-    if body.model != state.model_name:
+def check_model(state: ServerState, model: str | None) -> None:
+    """Raise 404 unless ``model`` is absent (the served model) or the served model's name."""
+    if model is not None and model != state.model_name:
         raise APIError(
             404,
-            f"the model {body.model!r} does not exist; this server serves {state.model_name!r}",
+            f"the model {model!r} does not exist; this server serves {state.model_name!r}",
             param="model",
             code="model_not_found",
         )
+
+
+def _check_request(state: ServerState, body: SamplingFields) -> None:
+    check_request(body)
+    check_model(state, body.model)
     if body.n != 1:
         raise APIError(400, f"n must be 1, got {body.n}", param="n", code="unsupported")
 
@@ -121,7 +132,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     params = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs)
     want_logprobs = body.logprobs is not None
     stream = await state.engine.submit(
-        completion_prompts(body.prompt), params, token_texts=want_logprobs
+        completion_prompts(body.prompt),
+        params,
+        token_texts=want_logprobs,
+        cache_salt=cache_salt(request, body.cache_salt),
     )
     response_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -176,7 +190,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     )
     prompt = ChatPrompt(tuple({"role": m.role, "content": m.text} for m in body.messages))
     stream = await state.engine.submit(
-        [prompt], params, fill_context=max_tokens is None, token_texts=body.logprobs
+        [prompt],
+        params,
+        fill_context=max_tokens is None,
+        token_texts=body.logprobs,
+        cache_salt=cache_salt(request, body.cache_salt),
     )
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -225,15 +243,18 @@ async def list_models(request: Request) -> ModelList:
 
 @router.get("/health")
 async def health(request: Request) -> dict[str, str]:
-    """200 ``{"status": "ok"}`` while the engine thread runs, else 503."""
-    if not server_state(request).engine.is_running:
+    """200 ``{"status": "ok"}`` while the engine runs and admits requests, else 503 (also
+    while shutting down, so that load balancers stop sending work)."""
+    engine = server_state(request).engine
+    if not engine.is_running:
         raise EngineUnavailable("the engine is not running")
+    if not engine.is_admitting:
+        raise EngineUnavailable("the server is shutting down")
     return {"status": "ok"}
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(request: Request) -> PlainTextResponse:
-    """Prometheus text exposition of the engine's and the server's counters."""
-    engine = server_state(request).engine
-    text = render_prometheus(engine.stats(), engine.metrics.snapshot())
-    return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition: request histograms, engine state, process metrics."""
+    body = server_state(request).metrics.render()
+    return Response(body, media_type=PROMETHEUS_CONTENT_TYPE)

@@ -12,6 +12,7 @@ from starlette.types import Receive, Scope, Send
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.errors import PagedKVError
 from pagedkv.server.async_engine import GenerationStream
+from pagedkv.server.errors import api_error
 from pagedkv.server.openai_format import (
     chat_logprobs,
     completion_logprobs,
@@ -25,7 +26,6 @@ from pagedkv.server.protocol import (
     CompletionChoice,
     CompletionResponse,
     Delta,
-    ErrorInfo,
     ErrorResponse,
 )
 
@@ -39,8 +39,9 @@ def sse(body: BaseModel) -> str:
 
 
 def _error_event(exc: PagedKVError) -> str:
-    info = ErrorInfo(message=str(exc), type="server_error", code="engine_failure")
-    return sse(ErrorResponse(error=info))
+    """The event ending a stream whose requests failed: the error the same failure gets as a
+    plain response (``engine_failure``, ``deadline_exceeded``, ``unavailable``, ...)."""
+    return sse(ErrorResponse(error=api_error(exc).info))
 
 
 class EventStream(StreamingResponse):
