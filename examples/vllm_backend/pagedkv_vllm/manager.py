@@ -308,8 +308,9 @@ class VLLMKVManager:
                 problems.append(f"sequence {seq_id}: {len(block_ids)} blocks for {seq.num_tokens}")
             for block_id in block_ids:
                 holders[block_id] += 1
+        queued_set = set(queued_ids)
         for block in pool.blocks[NULL_BLOCKS:]:
-            in_queue = block.block_id in set(queued_ids)
+            in_queue = block.block_id in queued_set
             if block.ref_cnt != holders[block.block_id]:
                 problems.append(
                     f"block {block.block_id}: ref_cnt {block.ref_cnt}, "
