@@ -116,6 +116,35 @@ class Allocation:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """What :meth:`KVManager.match_prefix` found for a prompt: the one lookup an admission
+    needs, which :meth:`KVManager.allocate` then takes instead of matching again (KVM-033..036).
+
+    Attributes:
+        token_ids: the prompt looked up.
+        cache_salt: the salt it was looked up under.
+        hit_pages: physical pages holding the prompt's leading committed full pages, in order:
+            the pages ``allocate`` would hold (KVM-032), at most ``(len(token_ids) - 1) //
+            page_size`` of them (KVM-025).
+        num_cached_tokens: tokens those pages hold (``len(hit_pages) * page_size``).
+        num_in_flight_tokens: tokens of the full pages right after the hits that a live
+            sequence was allocated for, with the same salt and the same tokens up to the end of
+            the page, and has not committed yet: they are being computed. Reported, never hit
+            (KVM-021); a multiple of the page size, within the KVM-025 limit (KVM-036).
+        state: opaque token of the manager's state when the match was taken. Only the manager
+            that issued it reads it: ``allocate`` refuses the match with
+            :class:`~pagedkv.errors.StaleMatch` once that state has changed (KVM-035).
+    """
+
+    token_ids: tuple[int, ...]
+    cache_salt: str | None
+    hit_pages: tuple[int, ...]
+    num_cached_tokens: int
+    num_in_flight_tokens: int
+    state: object
+
+
+@dataclass(frozen=True, slots=True)
 class KVStats:
     """A snapshot of a KVManager's accounting (KVM-030).
 
@@ -169,7 +198,19 @@ class KVManager(Protocol):
         """Tokens ``allocate`` would serve from the cache for this prompt right now.
 
         A pure query: nothing moves, statistics included. Always a multiple of the page size
-        and at most ``len(token_ids) - 1`` (KVM-025).
+        and at most ``len(token_ids) - 1`` (KVM-025). Equals
+        ``match_prefix(token_ids, cache_salt).num_cached_tokens`` (KVM-033).
+        """
+        ...
+
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
+        """Look the prompt up once: the pages ``allocate`` would hit, and the pages right after
+        them that live sequences are still computing for the same prefix (KVM-033, KVM-036).
+
+        A pure query, like :meth:`cached_prefix_length`. Pass the result to ``allocate`` to open
+        the sequence without a second lookup; it is valid until the next successful
+        ``allocate``, ``grow``, ``commit``, ``free`` or ``reset_prefix_cache`` (KVM-034,
+        KVM-035).
         """
         ...
 
@@ -179,12 +220,19 @@ class KVManager(Protocol):
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
         """Open sequence ``seq_id`` for the prompt ``token_ids``.
 
         Takes the longest verified cached prefix of full pages, then reserves pages for
         ``num_new_tokens`` more positions after it (the first prefill chunk). All or nothing:
         on :class:`~pagedkv.errors.OutOfPages` no count, page or LRU position has moved.
+
+        With ``match`` (from :meth:`match_prefix` on this manager, for this prompt and salt, with
+        no state change since) the prefix is the match's hit pages and no lookup is repeated;
+        any other match raises :class:`~pagedkv.errors.StaleMatch`, changing nothing
+        (KVM-034, KVM-035).
 
         Preconditions: ``seq_id`` holds no pages; ``token_ids`` is non-empty;
         ``num_new_tokens >= 1``.
