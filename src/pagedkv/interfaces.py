@@ -15,7 +15,7 @@ This module must stay importable without torch, so a KVManager backend never pul
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from pagedkv.engine.config import EngineConfig
-    from pagedkv.engine.outputs import EngineStats, RequestOutput
+    from pagedkv.engine.outputs import EngineStats, RequestOutput, StepReport
     from pagedkv.engine.params import SamplingParams
     from pagedkv.engine.tokenizer import Tokenizer
     from pagedkv.plan import StepPlan
@@ -357,11 +357,16 @@ class AttentionBatch:
         context_lens: ``[B]`` int64 positions each sequence attends to, this step's included.
         page_tables: ``[B, max_pages]`` int64 physical pages, padded past each sequence's
             ``ceil(context_len / page_size)`` pages; ``None`` when the step uses no cache (v0).
+        slot_mapping: ``[T]`` int64 flat slots the step's K/V are written to (``T`` the
+            rows); ``None`` when the step uses no cache, or when the batch is only read.
+            :meth:`PagedStore.prepare` checks them against the pool once, so that
+            :meth:`PagedStore.write` need not.
     """
 
     query_start: torch.Tensor
     context_lens: torch.Tensor
     page_tables: torch.Tensor | None
+    slot_mapping: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -416,8 +421,19 @@ class StepRunner(Protocol):
 class Engine(Protocol):
     """Orchestration: decides what runs each step and hands the model an explicit plan.
 
-    Requirements ENG-001.. in ``specs/engine.md``.
+    Everything its users (the server, the command line, the benchmarks) need is here, so none
+    of them depends on an implementation. Requirements ENG-001.. in ``specs/engine.md``.
     """
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The model's tokenizer, ``None`` when it has none (then prompts are token ids)."""
+        ...
+
+    @property
+    def max_model_len(self) -> int:
+        """Most positions one sequence may reach, prompt included (ENG-033, ENG-034)."""
+        ...
 
     def add_request(
         self,
@@ -454,6 +470,15 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats:
         """Engine-wide counters."""
+        ...
+
+    def add_step_observer(self, observer: Callable[[StepReport], None]) -> None:
+        """Call ``observer`` after every step that ran, with what it did and what it took
+        (ENG-051)."""
+        ...
+
+    def remove_step_observer(self, observer: Callable[[StepReport], None]) -> None:
+        """Stop calling ``observer``."""
         ...
 
     def check_invariants(self) -> None:

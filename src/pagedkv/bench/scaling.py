@@ -20,7 +20,7 @@ from pagedkv.bench.hf_systems import (
     run_generate_batch,
     run_generate_static,
 )
-from pagedkv.bench.overhead import TimedRunner, decode_step_breakdown
+from pagedkv.bench.overhead import decode_step_breakdown
 from pagedkv.bench.pagedkv_system import (
     MAX_NUM_BATCHED_TOKENS,
     PAGE_SIZE,
@@ -120,12 +120,11 @@ def _overhead(
 ) -> None:
     output_len = QUICK_OVERHEAD_OUTPUT_LEN if ctx.quick else FULL_OVERHEAD_OUTPUT_LEN
     ctx.log(f"scaling: engine overhead at {OVERHEAD_BATCH} concurrent requests")
-    timed = TimedRunner(runner)
-    engine = make_engine(timed, "v1", num_pages)
+    engine = make_engine(runner, "v1", num_pages)
     requests = uniform_requests(OVERHEAD_BATCH, OVERHEAD_PROMPT_LEN, output_len, vocab, ctx.seed)
     for request in requests:
         engine.add_request(request.prompt, greedy_params(request.max_tokens))
-    breakdown = decode_step_breakdown(engine, timed, OVERHEAD_BATCH)
+    breakdown = decode_step_breakdown(engine, OVERHEAD_BATCH)
     result.figures["engine_overhead"] = {
         "concurrent_requests": OVERHEAD_BATCH,
         "decode_steps_measured": breakdown.steps,

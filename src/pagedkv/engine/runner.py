@@ -68,5 +68,7 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Logits ``[B, vocab]`` (float32, on the CPU) at each sequence's last scheduled row."""
         with torch.inference_mode():
-            logits: torch.Tensor = self.model(plan, self.store if plan.uses_cache else None)
+            logits: torch.Tensor = self.model(
+                plan, self.store if plan.slot_mapping is not None else None
+            )
         return logits.float().cpu()

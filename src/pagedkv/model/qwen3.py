@@ -100,7 +100,7 @@ class Qwen3ForCausalLM(nn.Module):
         Raises:
             InvalidRequest: a v1 plan without a store, or a store of another shape.
         """
-        if plan.uses_cache:
+        if plan.slot_mapping is not None:
             self._check_store(store)
         hidden = self.model.embed_tokens(plan.input_ids)
         cos, sin = self.rotary(plan.positions, hidden.dtype)
