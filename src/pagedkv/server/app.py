@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from pagedkv import __version__
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.errors import InvalidRequest
+from pagedkv.interfaces import Engine
 from pagedkv.server.async_engine import AsyncEngine
 from pagedkv.server.errors import install_error_handlers
 from pagedkv.server.limits import BodySizeLimit
@@ -20,7 +20,7 @@ from pagedkv.server.routes import ServerState, router
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 
-def create_app(engine: LLMEngine, model_name: str, max_body_bytes: int) -> FastAPI:
+def create_app(engine: Engine, model_name: str, max_body_bytes: int) -> FastAPI:
     """An OpenAI-compatible app serving ``engine`` as the model ``model_name``.
 
     The engine is owned by a background thread from the app's startup to its shutdown (the

@@ -1,4 +1,4 @@
-"""An asyncio front for the synchronous :class:`~pagedkv.engine.engine.LLMEngine`.
+"""An asyncio front for a synchronous :class:`~pagedkv.interfaces.Engine`.
 
 One background thread owns the engine: it alone tokenizes, adds, steps and aborts, so the
 engine needs no locks. Request handlers submit work through a thread-safe command queue and
@@ -19,11 +19,11 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.outputs import EngineStats, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Message
 from pagedkv.errors import InvalidRequest, PagedKVError
+from pagedkv.interfaces import Engine
 from pagedkv.server.metrics import ServingMetrics
 
 #: Seconds the engine thread waits for a command when a step scheduled nothing.
@@ -160,7 +160,7 @@ class AsyncEngine:
     the thread that owns the event loop.
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._routes: dict[str, _Route] = {}
