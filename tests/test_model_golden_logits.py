@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from pagedkv.engine.runner import ModelRunner
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import KVManagerConfig, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
@@ -98,8 +99,9 @@ def every_row(plan: StepPlan) -> StepPlan:
 
 
 def run(model: Qwen3ForCausalLM, plan: StepPlan, store: TorchPagedStore | None) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(plan, store)
+    """The model's logits of ``plan``, over ``store`` (v1) or none (v0), as a runner runs it."""
+    runner = ModelRunner.recompute(model) if store is None else ModelRunner.paged(model, store)
+    return runner.execute(plan)
 
 
 def store_for(

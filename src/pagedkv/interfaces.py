@@ -310,11 +310,20 @@ class StoreConfig:
     device: str = "cpu"
 
 
+class AttentionMetadata(Protocol):
+    """What :meth:`PagedStore.prepare` returns and :meth:`PagedStore.attention` takes back for
+    every layer of one step. Opaque to everyone but the store that made it: each store defines
+    its own frozen type."""
+
+
 @runtime_checkable
 class PagedStore(Protocol):
     """The cleaner: writes K/V into page tensors at slots and reads them back for attention.
 
     It never decides which page belongs to whom: slots and page tables come from the plan.
+    Per step: ``metadata = prepare(batch)`` once (every check and all host work), then per
+    layer ``write(layer, slots, key, value)`` and ``attention(layer, query, metadata, scale)``,
+    neither of which synchronises with the device (PST-016).
     """
 
     @property
@@ -325,21 +334,31 @@ class PagedStore(Protocol):
     def write(
         self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     ) -> None:
-        """Store ``key[i]`` and ``value[i]`` (``[num_kv_heads, head_dim]``) at ``slots[i]``."""
+        """Store ``key[i]`` and ``value[i]`` (``[num_kv_heads, head_dim]``) at ``slots[i]``.
+
+        No host synchronisation: ``slots`` must lie in the pool, which :meth:`prepare` checks
+        once for a step's ``slot_mapping``."""
         ...
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V stored at ``slots``, shaped ``[len(slots), num_kv_heads, head_dim]``."""
         ...
 
+    def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
+        """Check ``batch`` once (offsets, context lengths, pages and slots against the pool,
+        raising :class:`~pagedkv.errors.InvalidRequest`) and lay out its attention: the
+        immutable metadata every layer of the step passes to :meth:`attention`."""
+        ...
+
     def attention(
         self,
         layer: int,
         query: torch.Tensor,
-        batch: AttentionBatch,
+        metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        """Causal attention of ``query`` ``[T, num_heads, head_dim]`` over paged K/V.
+        """Causal attention of ``query`` ``[T, num_heads, head_dim]`` over paged K/V, for the
+        batch ``metadata`` was prepared from.
 
         Sequence ``b`` owns query rows ``query_start[b]:query_start[b+1]``; they are its last
         positions, so its row ``j`` sees context positions ``0..context_len - q_len + j``.

@@ -58,11 +58,12 @@ def run(ctx: BenchContext, checkpoint: Checkpoint, vocab: int) -> WorkloadResult
     per_seq_pages = -(-(PROMPT_LEN + max(output_len, FULL_OVERHEAD_OUTPUT_LEN)) // PAGE_SIZE)
     num_pages = max(max(levels), OVERHEAD_BATCH) * per_seq_pages + 16
     runner = load_runner(checkpoint, num_pages)
+    recompute = ModelRunner.recompute(runner.model)  # the same model, no K/V pool
     warm_up(make_engine(runner, "v1", num_pages), vocab)
     hf_model = load_hf_model(checkpoint)
     systems: dict[str, Measure] = {
         "pagedkv-v1": lambda rs: run_engine(make_engine(runner, "v1", num_pages), rs, "v1"),
-        "pagedkv-v0": lambda rs: run_engine(make_engine(runner, "v0", num_pages), rs, "v0"),
+        "pagedkv-v0": lambda rs: run_engine(make_engine(recompute, "v0", num_pages), rs, "v0"),
         HF_GENERATE: lambda rs: run_generate_static(hf_model, rs, batch_size=len(rs)),
     }
     if not ctx.quick and has_generate_batch(hf_model):
