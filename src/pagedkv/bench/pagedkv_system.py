@@ -40,6 +40,7 @@ def make_engine(
     *,
     page_size: int = PAGE_SIZE,
     max_num_seqs: int = MAX_NUM_SEQS,
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
     max_model_len: int = 4096,
     enable_prefix_caching: bool = True,
     backend: ReferenceBackend | None = None,
@@ -52,7 +53,7 @@ def make_engine(
     config = EngineConfig(
         page_size=page_size,
         num_pages=num_pages,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching,
