@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from pagedkv.bench import (
+    attention,
     decode,
     gate,
     memory,
@@ -31,7 +32,7 @@ from pagedkv.bench.report import results_markdown
 from pagedkv.bench.results import WorkloadResult, build_document, read_json, write_json
 
 #: The workloads of ``--quick`` (the CI gate): no 0.6B-shaped checkpoint.
-QUICK_WORKLOADS = ("micro", "scheduling", "memory", "shared_prefix", "mixed")
+QUICK_WORKLOADS = ("micro", "scheduling", "attention", "memory", "shared_prefix", "mixed")
 
 Runner = Callable[[BenchContext, Checkpoint, int], WorkloadResult]
 
@@ -40,6 +41,7 @@ def _runners() -> dict[str, Runner]:
     return {
         "micro": lambda ctx, ck, vocab: micro.run(ctx),
         "scheduling": lambda ctx, ck, vocab: scheduling.run(ctx),
+        "attention": lambda ctx, ck, vocab: attention.run(ctx),
         "memory": memory.run,
         "shared_prefix": shared_prefix.run,
         "mixed": mixed.run,

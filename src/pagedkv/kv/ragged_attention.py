@@ -80,9 +80,11 @@ def plan_attention(
     contexts: Sequence[int],
     kv_index: KVIndex,
     device: torch.device,
+    group_rows: int = GROUP_ROWS,
 ) -> AttentionLayout:
     """The layout of a batch whose sequence ``b`` owns rows ``starts[b]:starts[b+1]`` and
-    attends over ``contexts[b]`` positions. Preconditions (checked by the caller):
+    attends over ``contexts[b]`` positions; equal-shape prefill chunks share calls of at most
+    ``group_rows`` rows (1: a call per chunk). Preconditions (checked by the caller):
     ``1 <= q_len <= context_len`` for every sequence."""
     num_seqs = len(contexts)
     q_lens = [starts[b + 1] - starts[b] for b in range(num_seqs)]
@@ -95,7 +97,7 @@ def plan_attention(
         if q_lens[b] > 1:
             by_shape.setdefault((q_lens[b], contexts[b]), []).append(b)
     for (q_len, context), seqs in by_shape.items():
-        per_call = max(1, GROUP_ROWS // q_len)
+        per_call = max(1, group_rows // q_len)
         for i in range(0, len(seqs), per_call):
             groups.append(
                 _chunk_group(seqs[i : i + per_call], q_len, context, starts, kv_index, device)
