@@ -1,55 +1,20 @@
-"""The reference scheduler looks each waiting prompt up once per admission attempt (ENG-027).
-
-A counting KVManager records every lookup the engine's scheduler makes: ``match_prefix``,
-``cached_prefix_length`` and ``allocate`` without a match (which looks up by itself).
-"""
+"""The reference scheduler looks each waiting prompt up once per admission attempt (ENG-027):
+a counting KVManager records every lookup the engine's scheduler makes."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 
 import pytest
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.params import SamplingParams
-from pagedkv.interfaces import Allocation, KVManagerConfig, PrefixMatch
-from pagedkv.kv.manager import ReferenceKVManager
+from pagedkv.interfaces import KVManagerConfig
+from pagedkv.testing.counting_kv import ALLOCATE_WITHOUT_MATCH, CountingKVManager
 from pagedkv.testing.hash_runner import HashRunner
 
 VOCAB = 101
-
-
-class CountingKVManager(ReferenceKVManager):
-    """The reference manager, counting its lookups and what each match reported."""
-
-    def __init__(self, config: KVManagerConfig) -> None:
-        super().__init__(config)
-        self.calls: Counter[str] = Counter()
-        self.in_flight_reports = 0
-
-    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
-        self.calls["match_prefix"] += 1
-        match = super().match_prefix(token_ids, cache_salt)
-        self.in_flight_reports += match.num_in_flight_tokens > 0
-        return match
-
-    def cached_prefix_length(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
-        self.calls["cached_prefix_length"] += 1
-        return super().cached_prefix_length(token_ids, cache_salt)
-
-    def allocate(
-        self,
-        seq_id: int,
-        token_ids: Sequence[int],
-        num_new_tokens: int,
-        cache_salt: str | None = None,
-        *,
-        match: PrefixMatch | None = None,
-    ) -> Allocation:
-        self.calls["allocate" if match is not None else "allocate without a match"] += 1
-        return super().allocate(seq_id, token_ids, num_new_tokens, cache_salt, match=match)
 
 
 def engine(config: EngineConfig) -> tuple[LLMEngine, CountingKVManager]:
@@ -78,12 +43,12 @@ def test_a_burst_costs_one_lookup_per_admission(running: int) -> None:
     eng.add_request([*prefix, 1], greedy(1))
     while eng.has_unfinished_requests():
         eng.step()
-    kv.calls.clear()
+    kv.lookups.clear()
     for r in range(running + 1):
         eng.add_request([*prefix, *[(r + j) % VOCAB for j in range(16)]], greedy(2))
     eng.step()
     assert eng.stats().running == running + 1
-    assert kv.calls == Counter({"match_prefix": running + 1, "allocate": running + 1})
+    assert kv.lookups == Counter({"match_prefix": running + 1, "allocate": running + 1})
 
 
 @pytest.mark.spec("ENG-027", "ENG-026")
@@ -99,8 +64,8 @@ def test_waiting_on_pages_in_flight_costs_one_lookup_an_attempt(budget: int) -> 
         eng.add_request([*prompt, suffix], greedy(3))
     while eng.has_unfinished_requests():
         eng.step()
-    assert kv.calls["cached_prefix_length"] == kv.calls["allocate without a match"] == 0
-    assert kv.calls["allocate"] == 3
+    assert kv.lookups["cached_prefix_length"] == kv.lookups[ALLOCATE_WITHOUT_MATCH] == 0
+    assert kv.lookups["allocate"] == 3
     if budget == 256:
         assert kv.in_flight_reports == 1, "the second request waited once for the first's pages"
-    assert kv.calls["match_prefix"] == kv.calls["allocate"] + kv.in_flight_reports
+    assert kv.lookups["match_prefix"] == kv.lookups["allocate"] + kv.in_flight_reports

@@ -20,8 +20,6 @@ per admission with up to 64 running 2,064-token prefills against 0.24 ms with 1,
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,9 +31,9 @@ from pagedkv.bench.results import WorkloadResult
 from pagedkv.bench.stats import ratio, rounded
 from pagedkv.engine.outputs import StepReport
 from pagedkv.engine.params import SamplingParams
-from pagedkv.interfaces import Allocation, KVManager, KVManagerConfig, PrefixMatch
-from pagedkv.kv.manager import ReferenceKVManager
+from pagedkv.interfaces import KVManager, KVManagerConfig
 from pagedkv.plan import StepPlan
+from pagedkv.testing.counting_kv import CountingKVManager
 
 RUNNING = (1, 16, 64)
 PREFIX_LEN = 2048
@@ -61,35 +59,6 @@ class NullRunner:
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         return torch.zeros(plan.num_seqs, VOCAB)
-
-
-class CountingKVManager(ReferenceKVManager):
-    """The reference manager, counting its prompt lookups."""
-
-    def __init__(self, config: KVManagerConfig) -> None:
-        super().__init__(config)
-        self.lookups: Counter[str] = Counter()
-
-    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
-        self.lookups["match_prefix"] += 1
-        return super().match_prefix(token_ids, cache_salt)
-
-    def cached_prefix_length(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
-        self.lookups["cached_prefix_length"] += 1
-        return super().cached_prefix_length(token_ids, cache_salt)
-
-    def allocate(
-        self,
-        seq_id: int,
-        token_ids: Sequence[int],
-        num_new_tokens: int,
-        cache_salt: str | None = None,
-        *,
-        match: PrefixMatch | None = None,
-    ) -> Allocation:
-        if match is None:
-            self.lookups["allocate"] += 1  # it matches by itself
-        return super().allocate(seq_id, token_ids, num_new_tokens, cache_salt, match=match)
 
 
 @dataclass(frozen=True)
@@ -147,7 +116,7 @@ def burst(running: int) -> Admissions:
     engine.step()
     step_cpu_s = time.process_time() - cpu
     (report,) = reports
-    lookups = sum(manager.lookups.values())
+    lookups = manager.num_lookups
     start = time.perf_counter()
     manager.match_prefix(prompts[0])
     match_s = time.perf_counter() - start
