@@ -161,7 +161,7 @@ def model_engine(
         return backend.create_engine(runner, config), runner
     from pagedkv.engine.engine import LLMEngine
 
-    kv = backend.create_kv_manager(KVManagerConfig(num_pages, page_size))
+    kv = backend.create_kv_manager(KVManagerConfig(num_pages, page_size)) if mode == "v1" else None
     return LLMEngine(runner, config, kv_manager=kv), runner
 
 

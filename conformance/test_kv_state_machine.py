@@ -36,10 +36,10 @@ from pagedkv.errors import (
     PagedKVError,
     UnknownSequence,
 )
-from pagedkv.interfaces import KVManager, PageTable
+from pagedkv.interfaces import KVManager, PageTable, PrefixMatch
 
 from .loading import MakeKVManager
-from .oracle import KVOracle, NeverAllocated, pages_for
+from .oracle import KVOracle, NeverAllocated, OracleMatch, pages_for
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -188,11 +188,18 @@ class KVManagerMachine(RuleBasedStateMachine):
         self._remember(token_ids, self.salts[seq_id])
 
     def _allocate(
-        self, data: st.DataObject, seq_id: int, prompt: list[int], n: int, salt: str | None
+        self,
+        data: st.DataObject,
+        seq_id: int,
+        prompt: list[int],
+        n: int,
+        salt: str | None,
+        matches: tuple[PrefixMatch, OracleMatch] | None = None,
     ) -> None:
+        got_match, want_match = matches if matches is not None else (None, None)
         outcome = self._run(
-            lambda: self.kv.allocate(seq_id, prompt, n, salt),
-            lambda: self.oracle.allocate(seq_id, prompt, n, salt),
+            lambda: self.kv.allocate(seq_id, prompt, n, salt, match=got_match),
+            lambda: self.oracle.allocate(seq_id, prompt, n, salt, match=want_match),
         )
         if outcome is None:
             return
@@ -260,6 +267,40 @@ class KVManagerMachine(RuleBasedStateMachine):
             label="num_new_tokens",
         )
         self._allocate(data, seq_id, prompt, n, salt)
+
+    @rule(data=st.data())
+    def allocate_from_a_match(self, data: st.DataObject) -> None:
+        """match_prefix once: the oracle's hits (on the very pages it says) and in-flight pages,
+        nothing moved. Then allocate with the match, maybe after another successful call or for
+        another prompt: StaleMatch, changing nothing, unless the match still holds."""
+        seq_id = self.next_id
+        self.next_id += 1
+        prompt, salt = self._draw_prompt(data, 3 * self.kv.page_size)
+        if len(self.live) > 0 and data.draw(st.booleans(), label="share a live sequence's pages"):
+            live = self._draw_live(data)  # its uncommitted pages are in flight
+            cut = data.draw(st.integers(1, len(self.live[live])), label="cut")
+            prompt, salt = [*self.live[live][:cut], *prompt], self.salts[live]
+        before = self.kv.stats()
+        outcome = self._run(
+            lambda: self.kv.match_prefix(prompt, salt),
+            lambda: self.oracle.match_prefix(prompt, salt),
+        )
+        assert outcome is not None
+        got, want = outcome.got, outcome.want
+        assert self.kv.stats() == before, "match_prefix moved a statistic"
+        assert (got.token_ids, got.cache_salt) == (tuple(prompt), salt)
+        assert got.num_cached_tokens == want.num_cached_tokens, (got, want)
+        assert got.num_cached_tokens == self.kv.cached_prefix_length(prompt, salt)
+        assert list(got.hit_pages) == [self.o2b.get(o) for o in want.hit_pages], (got, want)
+        assert got.num_in_flight_tokens == want.num_in_flight_tokens, (got, want)
+        then = data.draw(st.sampled_from(["allocate", "after a change", "another prompt"]))
+        if then == "after a change" and self.live:
+            live = self._draw_live(data)
+            self._commit(live, data.draw(st.integers(0, self.kv.page_table(live).num_tokens)))
+        asked = [*prompt, 0] if then == "another prompt" else prompt
+        left = len(prompt) - want.num_cached_tokens
+        n = data.draw(st.integers(1, left + self.kv.page_size), label="num_new_tokens")
+        self._allocate(data, seq_id, asked, n, salt, matches=(got, want))
 
     @rule(data=st.data())
     def allocate_under_pressure(self, data: st.DataObject) -> None:
@@ -487,6 +528,10 @@ class KVStateMachineSuite:
         "KVM-030",
         "KVM-031",
         "KVM-032",
+        "KVM-033",
+        "KVM-034",
+        "KVM-035",
+        "KVM-036",
     )
     def test_kv_manager_matches_the_oracle(
         self, make_kv_manager: MakeKVManager, backend_capabilities: frozenset[str]

@@ -10,11 +10,12 @@ behaviour seen through the Protocol alone, as it would a third-party backend.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pagedkv.errors import OutOfPages
-from pagedkv.interfaces import Allocation, KVManager, KVManagerConfig, PageTable
+from pagedkv.interfaces import Allocation, KVManager, KVManagerConfig, PageTable, PrefixMatch
 from pagedkv.kv.manager import ReferenceKVManager, SequenceState
 from pagedkv.kv.page_pool import PagePool
 from pagedkv.kv.prefix_index import PrefixEntry, PrefixIndex
@@ -56,8 +57,10 @@ class PublishBeforeCommit(_Mutant):
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
-        alloc = super().allocate(seq_id, token_ids, num_new_tokens, cache_salt)
+        alloc = super().allocate(seq_id, token_ids, num_new_tokens, cache_salt, match=match)
         self.commit(seq_id, list(token_ids)[: alloc.page_table.num_tokens])
         return alloc
 
@@ -95,9 +98,13 @@ class EvictOwnHits(_Mutant):
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
         if seq_id in self.sequences or not token_ids or num_new_tokens < 1:
-            return super().allocate(seq_id, token_ids, num_new_tokens, cache_salt)
+            return super().allocate(seq_id, token_ids, num_new_tokens, cache_salt, match=match)
+        if match is not None:
+            self._check_match(match, token_ids, cache_salt)
         hits = self._match(token_ids, cache_salt)
         num_cached = len(hits) * self.page_size
         num_tokens = num_cached + num_new_tokens
@@ -117,8 +124,11 @@ class EvictOwnHits(_Mutant):
             chain_tail=hits[-1] if hits else None,
         )
         self._freed_ids.pop(seq_id, None)
+        if self.config.enable_prefix_caching:
+            self.in_flight.open(seq_id, token_ids, cache_salt, len(hits))
         self._query_tokens += len(token_ids)
         self._hit_tokens += num_cached
+        self._changed()
         return Allocation(self.page_table(seq_id), num_cached, len(fresh))
 
 
@@ -138,14 +148,19 @@ class SaltBlind(_Mutant):
     def cached_prefix_length(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         return super().cached_prefix_length(token_ids, None)
 
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
+        return super().match_prefix(token_ids, None)
+
     def allocate(
         self,
         seq_id: int,
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
-        return super().allocate(seq_id, token_ids, num_new_tokens, None)
+        return super().allocate(seq_id, token_ids, num_new_tokens, None, match=match)
 
 
 class _TrustingIndex(PrefixIndex):
@@ -192,6 +207,26 @@ class PartialGrow(_Mutant):
             state.num_tokens = len(state.pages) * self.page_size
             raise OutOfPages(needed, available)
         return super().grow(seq_id, num_tokens)
+
+
+class InFlightBlind(_Mutant):
+    """(j) a match never reports pages in flight: requests sharing a prefix that is still being
+    computed compute it again."""
+
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
+        return dataclasses.replace(
+            super().match_prefix(token_ids, cache_salt), num_in_flight_tokens=0
+        )
+
+
+class StaleMatchTaken(_Mutant):
+    """(k) allocate takes whatever match it is given: hits that were evicted or never matched
+    this prompt are held again."""
+
+    def _check_match(
+        self, match: PrefixMatch, token_ids: Sequence[int], cache_salt: str | None
+    ) -> None:
+        """Trusts the match."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +277,14 @@ def partial_grow() -> MutantBackend:
     return MutantBackend("mutant: keep pages of a failed grow", PartialGrow)
 
 
+def in_flight_blind() -> MutantBackend:
+    return MutantBackend("mutant: report no page in flight", InFlightBlind)
+
+
+def stale_match_taken() -> MutantBackend:
+    return MutantBackend("mutant: allocate from a stale match", StaleMatchTaken)
+
+
 #: Every mutant factory, by the name ``--backend mutants:<name>`` takes.
 MUTANTS: dict[str, Callable[[], MutantBackend]] = {
     f.__name__: f
@@ -255,6 +298,8 @@ MUTANTS: dict[str, Callable[[], MutantBackend]] = {
         salt_blind,
         unverified_hash,
         partial_grow,
+        in_flight_blind,
+        stale_match_taken,
     )
 }
 

@@ -15,11 +15,12 @@ import pytest
 from serving_models import serving_model_dir
 
 from pagedkv.assets import has_default_model
+from pagedkv.backend import load_engine
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
+from pagedkv.interfaces import Engine
 from pagedkv.testing.tiny_qwen3 import model_device
 
 #: Engine flags every generate run passes; :data:`CONFIG` is the same configuration.
@@ -63,14 +64,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir: Path) -> LLMEngine:
+def reference(model_dir: Path) -> Engine:
     """The Python API on the same model and engine configuration."""
-    return LLMEngine.from_model_dir(model_dir, CONFIG, device=model_device())
+    return load_engine(model_dir, CONFIG, device=model_device())
 
 
-def greedy(
-    engine: LLMEngine, prompts: list[str | list[int]], max_tokens: int
-) -> list[RequestOutput]:
+def greedy(engine: Engine, prompts: list[str | list[int]], max_tokens: int) -> list[RequestOutput]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     return run_to_completion(engine, prompts, params)
 
@@ -123,9 +122,7 @@ def test_help(command: tuple[str, ...], flags: tuple[str, ...]) -> None:
 
 
 @pytest.mark.spec("SRV-041", "SRV-043")
-def test_generate_chat_prompts_json_matches_python_api(
-    model_dir: Path, reference: LLMEngine
-) -> None:
+def test_generate_chat_prompts_json_matches_python_api(model_dir: Path, reference: Engine) -> None:
     prompts = ["def add(a, b):", "class Stack:"]
     system = "You write Python."
     args = ["generate", "--model", str(model_dir), "--chat", "--system", system, "--json"]
@@ -154,7 +151,7 @@ def test_generate_chat_prompts_json_matches_python_api(
 
 
 @pytest.mark.spec("SRV-041")
-def test_generate_jsonl(model_dir: Path, reference: LLMEngine, tmp_path: Path) -> None:
+def test_generate_jsonl(model_dir: Path, reference: Engine, tmp_path: Path) -> None:
     messages = [{"role": "user", "content": "hello"}]
     records: list[dict[str, Any]] = [
         {"prompt": "import os\n"},
@@ -190,7 +187,7 @@ def test_generate_jsonl(model_dir: Path, reference: LLMEngine, tmp_path: Path) -
 
 
 @pytest.mark.spec("SRV-041", "SRV-042")
-def test_generate_stdin_prompts_streamed(model_dir: Path, reference: LLMEngine) -> None:
+def test_generate_stdin_prompts_streamed(model_dir: Path, reference: Engine) -> None:
     prompts = ["def fibonacci(n):", "for i in range(10):"]
     result = cli(
         "generate",

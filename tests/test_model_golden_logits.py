@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 import torch
 
+from pagedkv.engine.runner import ModelRunner
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import KVManagerConfig, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.kv.paged_store import TorchPagedStore
 from pagedkv.model.loader import load_model
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
-from pagedkv.plan import SeqChunk, StepPlan, build_plan
+from pagedkv.plan import SeqChunk, StepPlan, build_paged_plan, build_recompute_plan
 from pagedkv.testing.tiny_qwen3 import (
     PRESETS,
     build_tiny_checkpoint,
@@ -98,8 +99,9 @@ def every_row(plan: StepPlan) -> StepPlan:
 
 
 def run(model: Qwen3ForCausalLM, plan: StepPlan, store: TorchPagedStore | None) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(plan, store)
+    """The model's logits of ``plan``, over ``store`` (v1) or none (v0), as a runner runs it."""
+    runner = ModelRunner.recompute(model) if store is None else ModelRunner.paged(model, store)
+    return runner.execute(plan)
 
 
 def store_for(
@@ -144,12 +146,12 @@ class PagedRun:
         return SeqChunk(tuple(tokens), start, table.pages)
 
     def step(self, work: list[tuple[int, list[int]]], all_rows: bool = False) -> torch.Tensor:
-        plan = build_plan([self.chunk(s, t) for s, t in work], self.page_size, self.device)
+        plan = build_paged_plan([self.chunk(s, t) for s, t in work], self.page_size, self.device)
         return run(self.model, every_row(plan) if all_rows else plan, self.store).cpu()
 
 
 def v0_plan(prompts: list[list[int]], device: str) -> StepPlan:
-    return build_plan([SeqChunk(tuple(p), 0) for p in prompts], None, device)
+    return build_recompute_plan([SeqChunk(tuple(p), 0) for p in prompts], device)
 
 
 def per_position_reference(case: Case, prompts: list[list[int]]) -> torch.Tensor:
@@ -240,7 +242,7 @@ def test_the_model_keeps_no_state_between_steps(case: Case) -> None:
 @pytest.mark.spec("GLD-015")
 def test_a_cached_plan_needs_a_matching_store(case: Case) -> None:
     prompts = prompts_for(case.ours.config.vocab_size)
-    plan = build_plan([SeqChunk(tuple(prompts[0]), 0, tuple(range(13)))], 1, case.device)
+    plan = build_paged_plan([SeqChunk(tuple(prompts[0]), 0, tuple(range(13)))], 1, case.device)
     with pytest.raises(InvalidRequest, match="PagedStore"):
         run(case.ours, plan, None)
     cfg = case.ours.config

@@ -21,7 +21,11 @@ from mutants import MUTANTS
 TESTS_DIR = Path(__file__).resolve().parent
 ROOT = TESTS_DIR.parent
 #: The KVManager part of the conformance package.
-KV_SUITE = ("pagedkv_conformance.test_kv_manager", "pagedkv_conformance.test_kv_state_machine")
+KV_SUITE = (
+    "pagedkv_conformance.test_kv_manager",
+    "pagedkv_conformance.test_kv_match",
+    "pagedkv_conformance.test_kv_state_machine",
+)
 EXIT_TESTS_FAILED = 1
 EXIT_USAGE_ERROR = 4
 

@@ -21,11 +21,12 @@ from openai import OpenAI
 from server_harness import error_of, metric, parse_prometheus, running, sse_events, wait_idle
 from serving_models import serving_model_dir
 
+from pagedkv.backend import load_engine, reference_backend
 from pagedkv.cli import build_parser
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import SamplingParams
+from pagedkv.interfaces import Engine
 from pagedkv.plan import StepPlan
 from pagedkv.server.app import create_app
 from pagedkv.server.async_engine import AsyncEngine
@@ -53,9 +54,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     model_dir = serving_model_dir(tmp_path_factory)
-    app = create_app(
-        LLMEngine.from_model_dir(model_dir, CONFIG, device=model_device()), MODEL, MAX_BODY_BYTES
-    )
+    app = create_app(load_engine(model_dir, CONFIG, device=model_device()), MODEL, MAX_BODY_BYTES)
     with running(app) as server:
         yield Served(server.url, server.bridge, model_dir)
 
@@ -68,12 +67,12 @@ def server(served: Served) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def reference(served: Served) -> LLMEngine:
+def reference(served: Served) -> Engine:
     """An in-process engine on the same model and config: the Python API's outputs."""
-    return LLMEngine.from_model_dir(served.model_dir, CONFIG, device=model_device())
+    return load_engine(served.model_dir, CONFIG, device=model_device())
 
 
-def offline(engine: LLMEngine, prompts: list[str | list[int]], **params: Any) -> list[str]:
+def offline(engine: Engine, prompts: list[str | list[int]], **params: Any) -> list[str]:
     outputs = run_to_completion(engine, prompts, SamplingParams(temperature=0.0, **params))
     return [o.text for o in outputs]
 
@@ -82,7 +81,7 @@ def offline(engine: LLMEngine, prompts: list[str | list[int]], **params: Any) ->
 
 
 @pytest.mark.spec("SRV-001", "SRV-004")
-def test_completion_matches_python_api(server: Served, reference: LLMEngine) -> None:
+def test_completion_matches_python_api(server: Served, reference: Engine) -> None:
     client = server.client()
     result = client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
@@ -104,7 +103,7 @@ def test_completion_matches_python_api(server: Served, reference: LLMEngine) -> 
 
 @pytest.mark.spec("SRV-001")
 def test_completion_prompt_lists_give_one_choice_per_prompt(
-    server: Served, reference: LLMEngine
+    server: Served, reference: Engine
 ) -> None:
     client = server.client()
     texts = ["import os\n", "class Config:", "for i in range(3):"]
@@ -175,7 +174,7 @@ def test_stream_is_server_sent_events_ending_with_done(server: Served) -> None:
 
 
 @pytest.mark.spec("SRV-002", "SRV-003", "SRV-004")
-def test_chat_matches_llm_chat_streamed_or_not(server: Served, reference: LLMEngine) -> None:
+def test_chat_matches_llm_chat_streamed_or_not(server: Served, reference: Engine) -> None:
     client = server.client()
     messages: list[Any] = [
         {"role": "system", "content": "You write Python."},
@@ -250,7 +249,7 @@ def test_logprobs(server: Served) -> None:
 
 
 @pytest.mark.spec("SRV-007")
-def test_concurrent_requests_get_their_own_outputs(server: Served, reference: LLMEngine) -> None:
+def test_concurrent_requests_get_their_own_outputs(server: Served, reference: Engine) -> None:
     client = server.client()
     prompts = [f"def function_{i}(x):" for i in range(6)]
     expected = offline(reference, list(prompts), max_tokens=12, ignore_eos=True)
@@ -471,7 +470,7 @@ class FailingRunner(HashRunner):
 def test_a_failing_step_fails_its_requests_and_serving_goes_on() -> None:
     config = EngineConfig(page_size=4, num_pages=32, max_model_len=128)
     runner = FailingRunner(vocab_size=64, num_pages=config.num_pages, page_size=config.page_size)
-    app = create_app(LLMEngine(runner, config), MODEL, MAX_BODY_BYTES)
+    app = create_app(reference_backend().create_engine(runner, config), MODEL, MAX_BODY_BYTES)
     body = {"model": MODEL, "prompt": [1, 2, 3, 4, 5, 6], "max_tokens": 4}
     with TestClient(app) as client:
         bridge: AsyncEngine = app.state.server.engine

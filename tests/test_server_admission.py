@@ -34,9 +34,9 @@ from server_harness import (
 )
 from serving_models import tiny_chat_model
 
+from pagedkv.backend import load_engine, reference_backend
 from pagedkv.cli import build_parser
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.plan import StepPlan
 from pagedkv.server.admission import AdmissionLimits
 from pagedkv.server.app import DEFAULT_MAX_BODY_BYTES, ServerConfig, create_app
@@ -62,7 +62,7 @@ def slow_app(limits: AdmissionLimits | None = None) -> Any:
         vocab_size=64, num_pages=SLOW_CONFIG.num_pages, page_size=SLOW_CONFIG.page_size
     )
     config = ServerConfig(limits=limits or AdmissionLimits(), log_stats_interval_s=None)
-    return create_app(LLMEngine(runner, SLOW_CONFIG), MODEL, config=config)
+    return create_app(reference_backend().create_engine(runner, SLOW_CONFIG), MODEL, config=config)
 
 
 def ids_body(num_prompts: int, max_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_server(model_dir: Path) -> Iterator[Running]:
     """A tiny chat model behind the default limits."""
     config = EngineConfig(page_size=8, num_pages=128, max_model_len=256)
-    app = create_app(LLMEngine.from_model_dir(model_dir, config), MODEL)
+    app = create_app(load_engine(model_dir, config), MODEL)
     with running(app) as server:
         yield server
 

@@ -26,8 +26,8 @@ from schemathesis import Case, GenerationMode
 from server_harness import Running, running, wait_idle
 from serving_models import tiny_chat_model
 
+from pagedkv.backend import reference_backend
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.server.app import ServerConfig, create_app
 from pagedkv.testing.hash_runner import HashRunner
@@ -44,7 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     tokenizer = Tokenizer(model_dir)
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
     runner = HashRunner(vocab, num_pages=CONFIG.num_pages, page_size=CONFIG.page_size)
-    engine = LLMEngine(runner, CONFIG, tokenizer=tokenizer)
+    engine = reference_backend().create_engine(runner, CONFIG, tokenizer=tokenizer)
     app = create_app(engine, "fuzz", config=ServerConfig(log_stats_interval_s=None))
     with running(app) as served:
         yield served

@@ -22,9 +22,9 @@ from server_harness import Running, error_of, post_json, running, wait_idle
 from serving_models import tiny_chat_model
 
 from pagedkv import __version__
+from pagedkv.backend import load_engine
 from pagedkv.cli import build_parser
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.server.app import ServerConfig, create_app
 
@@ -46,7 +46,7 @@ def tokenizer(model_dir: Path) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def served(model_dir: Path) -> Iterator[Running]:
-    app = create_app(LLMEngine.from_model_dir(model_dir, CONFIG), MODEL)
+    app = create_app(load_engine(model_dir, CONFIG), MODEL)
     with running(app) as server:
         yield server
 
@@ -80,7 +80,7 @@ def test_model_may_be_absent(server: Running) -> None:
 def test_served_model_name_is_listed_and_answered(model_dir: Path) -> None:
     args = build_parser().parse_args(["serve", "--served-model-name", "alias"])
     assert args.served_model_name == "alias"
-    app = create_app(LLMEngine.from_model_dir(model_dir, CONFIG), args.served_model_name)
+    app = create_app(load_engine(model_dir, CONFIG), args.served_model_name)
     with TestClient(app) as client:
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["alias"]
         body = {"prompt": PROMPT, "max_tokens": 2}
@@ -232,7 +232,7 @@ def test_startup_summary_and_throughput_lines_are_logged(
     model_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     app = create_app(
-        LLMEngine.from_model_dir(model_dir, CONFIG),
+        load_engine(model_dir, CONFIG),
         MODEL,
         config=ServerConfig(log_stats_interval_s=0.05),
     )

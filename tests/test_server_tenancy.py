@@ -16,8 +16,8 @@ from openai import AuthenticationError, OpenAI
 from server_harness import Running, error_of, metric, post_json, running, wait_idle
 from serving_models import tiny_chat_model
 
+from pagedkv.backend import load_engine
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.server.app import ServerConfig, create_app
 
 MODEL = "tiny"
@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def open_server(model_dir: Path) -> Iterator[Running]:
     """No keys: salts come from the requests only."""
-    app = create_app(LLMEngine.from_model_dir(model_dir, CONFIG), MODEL)
+    app = create_app(load_engine(model_dir, CONFIG), MODEL)
     with running(app) as server:
         yield server
 
@@ -45,7 +45,7 @@ def open_server(model_dir: Path) -> Iterator[Running]:
 def tenant_server(model_dir: Path) -> Iterator[Running]:
     """Two keys, each its own prefix-cache namespace."""
     config = ServerConfig(api_keys=(KEY_A, KEY_B), cache_salt_per_api_key=True)
-    app = create_app(LLMEngine.from_model_dir(model_dir, CONFIG), MODEL, config=config)
+    app = create_app(load_engine(model_dir, CONFIG), MODEL, config=config)
     with running(app) as server:
         yield server
 

@@ -7,6 +7,7 @@ zero-argument factory named ``module:factory`` (``--backend`` / ``PAGEDKV_BACKEN
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pagedkv.interfaces import KVManager, KVManagerConfig, PagedStore, StoreConfig
@@ -15,6 +16,7 @@ from pagedkv.kv.radix_index import RadixPrefixIndex
 
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
+    from pagedkv.engine.engine import LLMEngine
     from pagedkv.engine.tokenizer import Tokenizer
     from pagedkv.interfaces import Engine, StepRunner
 
@@ -47,13 +49,47 @@ class ReferenceBackend:
         *,
         tokenizer: Tokenizer | None = None,
         eos_ids: frozenset[int] = frozenset(),
-    ) -> Engine:
+    ) -> LLMEngine:
+        """pagedkv's engine over ``runner``; in v1 over a fresh KVManager of this backend (the
+        only place an engine's page pool is created)."""
         from pagedkv.engine.engine import LLMEngine
 
-        kv = self.create_kv_manager(
-            KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
-        )
+        kv = None
+        if config.mode == "v1":
+            kv = self.create_kv_manager(
+                KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
+            )
         return LLMEngine(runner, config, kv_manager=kv, tokenizer=tokenizer, eos_ids=eos_ids)
+
+    def load_engine(
+        self,
+        model_dir: str | Path,
+        config: EngineConfig | None = None,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> LLMEngine:
+        """An engine for the Hugging Face format Qwen3 directory ``model_dir``: its model (with
+        a K/V pool in v1), its tokenizer if it has one, and its EOS tokens.
+
+        Raises:
+            CheckpointError: a missing or malformed file.
+            InvalidRequest: a bad dtype or device.
+        """
+        from pagedkv.engine.config import EngineConfig
+        from pagedkv.engine.tokenizer import Tokenizer, eos_token_ids
+
+        config = config or EngineConfig()
+        path = Path(model_dir)
+        runner = self.create_model_runner(
+            str(path),
+            num_pages=config.num_pages if config.mode == "v1" else None,
+            page_size=config.page_size,
+            dtype=dtype,
+            device=device,
+        )
+        tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
+        return self.create_engine(runner, config, tokenizer=tokenizer, eos_ids=eos_token_ids(path))
 
     def create_paged_store(self, config: StoreConfig) -> PagedStore:
         from pagedkv.kv.paged_store import TorchPagedStore
@@ -79,6 +115,19 @@ class ReferenceBackend:
 def reference_backend() -> ReferenceBackend:
     """Factory for ``--backend pagedkv.backend:reference_backend``."""
     return ReferenceBackend()
+
+
+def load_engine(
+    model_dir: str | Path,
+    config: EngineConfig | None = None,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> Engine:
+    """The reference backend's engine for a model directory (see
+    :meth:`ReferenceBackend.load_engine`), typed as the :class:`~pagedkv.interfaces.Engine`
+    Protocol its users live on."""
+    return ReferenceBackend().load_engine(model_dir, config, dtype=dtype, device=device)
 
 
 def radix_backend() -> ReferenceBackend:

@@ -13,9 +13,9 @@ from pagedkv.cli_engine import resolve_model_dir, wrap
 from pagedkv.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from pagedkv.engine.engine import LLMEngine
     from pagedkv.engine.outputs import EngineStats, RequestOutput
     from pagedkv.engine.params import SamplingParams
+    from pagedkv.interfaces import Engine
 
 #: The long system prompt every request of the demo shares.
 SYSTEM_PROMPT = '''\
@@ -125,7 +125,7 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
     parser.set_defaults(handler=run)
 
 
-def build_prompts(engine: LLMEngine, num_requests: int) -> tuple[list[str | list[int]], int]:
+def build_prompts(engine: Engine, num_requests: int) -> tuple[list[str | list[int]], int]:
     """The demo's prompts and the token count of the prefix they all share."""
     tokenizer = engine.tokenizer
     if tokenizer is None:
@@ -149,7 +149,7 @@ def build_prompts(engine: LLMEngine, num_requests: int) -> tuple[list[str | list
 
 
 def run_batch(
-    engine: LLMEngine,
+    engine: Engine,
     prompts: Sequence[str | list[int]],
     params: SamplingParams,
     *,
@@ -220,8 +220,8 @@ def report(on: BatchRun, off: BatchRun, shared_tokens: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns 0, or 1 if the two runs' greedy outputs differ."""
+    from pagedkv.backend import load_engine
     from pagedkv.engine.config import EngineConfig
-    from pagedkv.engine.engine import LLMEngine
     from pagedkv.engine.params import SamplingParams
 
     if args.num_requests < 1:
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.num_requests)]
     for caching in (True, False):
         config = EngineConfig(enable_prefix_caching=caching)
-        engine = LLMEngine.from_model_dir(model_dir, config)
+        engine = load_engine(model_dir, config)
         prompts, shared = build_prompts(engine, args.num_requests)
         label = f"prefix caching {'on' if caching else 'off'}"
         runs.append(run_batch(engine, prompts, params, label=label, progress=not args.no_progress))

@@ -15,7 +15,7 @@ from pagedkv.errors import CheckpointError
 
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
-    from pagedkv.engine.engine import LLMEngine
+    from pagedkv.interfaces import Engine
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: Width of wrapped help text, characters.
@@ -125,7 +125,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-def load_engine(model_dir: Path, config: EngineConfig, args: argparse.Namespace) -> LLMEngine:
+def load_engine(model_dir: Path, config: EngineConfig, args: argparse.Namespace) -> Engine:
     """Load the checkpoint in ``model_dir`` with ``--dtype`` and ``--device``.
 
     Raises:
@@ -133,6 +133,6 @@ def load_engine(model_dir: Path, config: EngineConfig, args: argparse.Namespace)
             pagedkv does not implement).
         InvalidRequest: a bad dtype or device.
     """
-    from pagedkv.engine.engine import LLMEngine
+    from pagedkv.backend import load_engine as load_reference_engine
 
-    return LLMEngine.from_model_dir(model_dir, config, dtype=args.dtype, device=args.device)
+    return load_reference_engine(model_dir, config, dtype=args.dtype, device=args.device)

@@ -21,9 +21,9 @@ from pagedkv.cli_engine import (
 from pagedkv.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from pagedkv.engine.engine import LLMEngine
     from pagedkv.engine.outputs import RequestOutput
     from pagedkv.engine.params import SamplingParams
+    from pagedkv.interfaces import Engine
 
 EXAMPLES = """\
 examples:
@@ -179,7 +179,7 @@ def read_prompts(args: argparse.Namespace, stdin: TextIO) -> list[PromptRecord]:
     return records
 
 
-def engine_prompt(engine: LLMEngine, record: PromptRecord, system: str | None) -> str | list[int]:
+def engine_prompt(engine: Engine, record: PromptRecord, system: str | None) -> str | list[int]:
     """What ``add_request`` takes for ``record``: text, or token ids of a rendered chat."""
     if not record.chat:
         return record.source  # type: ignore[return-value]
@@ -217,7 +217,7 @@ def output_json(index: int, record: PromptRecord, output: RequestOutput) -> str:
     )
 
 
-def _shown(engine: LLMEngine, text: str, token_ids: Sequence[int]) -> str:
+def _shown(engine: Engine, text: str, token_ids: Sequence[int]) -> str:
     """Text, or the token ids when the model has no tokenizer."""
     return text if engine.tokenizer is not None else " ".join(str(t) for t in token_ids)
 

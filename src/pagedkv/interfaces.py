@@ -15,7 +15,7 @@ This module must stay importable without torch, so a KVManager backend never pul
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from pagedkv.engine.config import EngineConfig
-    from pagedkv.engine.outputs import EngineStats, RequestOutput
+    from pagedkv.engine.outputs import EngineStats, RequestOutput, StepReport
     from pagedkv.engine.params import SamplingParams
     from pagedkv.engine.tokenizer import Tokenizer
     from pagedkv.plan import StepPlan
@@ -116,6 +116,35 @@ class Allocation:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """What :meth:`KVManager.match_prefix` found for a prompt: the one lookup an admission
+    needs, which :meth:`KVManager.allocate` then takes instead of matching again (KVM-033..036).
+
+    Attributes:
+        token_ids: the prompt looked up.
+        cache_salt: the salt it was looked up under.
+        hit_pages: physical pages holding the prompt's leading committed full pages, in order:
+            the pages ``allocate`` would hold (KVM-032), at most ``(len(token_ids) - 1) //
+            page_size`` of them (KVM-025).
+        num_cached_tokens: tokens those pages hold (``len(hit_pages) * page_size``).
+        num_in_flight_tokens: tokens of the full pages right after the hits that a live
+            sequence was allocated for, with the same salt and the same tokens up to the end of
+            the page, and has not committed yet: they are being computed. Reported, never hit
+            (KVM-021); a multiple of the page size, within the KVM-025 limit (KVM-036).
+        state: opaque token of the manager's state when the match was taken. Only the manager
+            that issued it reads it: ``allocate`` refuses the match with
+            :class:`~pagedkv.errors.StaleMatch` once that state has changed (KVM-035).
+    """
+
+    token_ids: tuple[int, ...]
+    cache_salt: str | None
+    hit_pages: tuple[int, ...]
+    num_cached_tokens: int
+    num_in_flight_tokens: int
+    state: object
+
+
+@dataclass(frozen=True, slots=True)
 class KVStats:
     """A snapshot of a KVManager's accounting (KVM-030).
 
@@ -169,7 +198,19 @@ class KVManager(Protocol):
         """Tokens ``allocate`` would serve from the cache for this prompt right now.
 
         A pure query: nothing moves, statistics included. Always a multiple of the page size
-        and at most ``len(token_ids) - 1`` (KVM-025).
+        and at most ``len(token_ids) - 1`` (KVM-025). Equals
+        ``match_prefix(token_ids, cache_salt).num_cached_tokens`` (KVM-033).
+        """
+        ...
+
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
+        """Look the prompt up once: the pages ``allocate`` would hit, and the pages right after
+        them that live sequences are still computing for the same prefix (KVM-033, KVM-036).
+
+        A pure query, like :meth:`cached_prefix_length`. Pass the result to ``allocate`` to open
+        the sequence without a second lookup; it is valid until the next successful
+        ``allocate``, ``grow``, ``commit``, ``free`` or ``reset_prefix_cache`` (KVM-034,
+        KVM-035).
         """
         ...
 
@@ -179,12 +220,19 @@ class KVManager(Protocol):
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
         """Open sequence ``seq_id`` for the prompt ``token_ids``.
 
         Takes the longest verified cached prefix of full pages, then reserves pages for
         ``num_new_tokens`` more positions after it (the first prefill chunk). All or nothing:
         on :class:`~pagedkv.errors.OutOfPages` no count, page or LRU position has moved.
+
+        With ``match`` (from :meth:`match_prefix` on this manager, for this prompt and salt, with
+        no state change since) the prefix is the match's hit pages and no lookup is repeated;
+        any other match raises :class:`~pagedkv.errors.StaleMatch`, changing nothing
+        (KVM-034, KVM-035).
 
         Preconditions: ``seq_id`` holds no pages; ``token_ids`` is non-empty;
         ``num_new_tokens >= 1``.
@@ -262,11 +310,20 @@ class StoreConfig:
     device: str = "cpu"
 
 
+class AttentionMetadata(Protocol):
+    """What :meth:`PagedStore.prepare` returns and :meth:`PagedStore.attention` takes back for
+    every layer of one step. Opaque to everyone but the store that made it: each store defines
+    its own frozen type."""
+
+
 @runtime_checkable
 class PagedStore(Protocol):
     """The cleaner: writes K/V into page tensors at slots and reads them back for attention.
 
     It never decides which page belongs to whom: slots and page tables come from the plan.
+    Per step: ``metadata = prepare(batch)`` once (every check and all host work), then per
+    layer ``write(layer, slots, key, value)`` and ``attention(layer, query, metadata, scale)``,
+    neither of which synchronises with the device (PST-016).
     """
 
     @property
@@ -277,21 +334,31 @@ class PagedStore(Protocol):
     def write(
         self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     ) -> None:
-        """Store ``key[i]`` and ``value[i]`` (``[num_kv_heads, head_dim]``) at ``slots[i]``."""
+        """Store ``key[i]`` and ``value[i]`` (``[num_kv_heads, head_dim]``) at ``slots[i]``.
+
+        No host synchronisation: ``slots`` must lie in the pool, which :meth:`prepare` checks
+        once for a step's ``slot_mapping``."""
         ...
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V stored at ``slots``, shaped ``[len(slots), num_kv_heads, head_dim]``."""
         ...
 
+    def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
+        """Check ``batch`` once (offsets, context lengths, pages and slots against the pool,
+        raising :class:`~pagedkv.errors.InvalidRequest`) and lay out its attention: the
+        immutable metadata every layer of the step passes to :meth:`attention`."""
+        ...
+
     def attention(
         self,
         layer: int,
         query: torch.Tensor,
-        batch: AttentionBatch,
+        metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        """Causal attention of ``query`` ``[T, num_heads, head_dim]`` over paged K/V.
+        """Causal attention of ``query`` ``[T, num_heads, head_dim]`` over paged K/V, for the
+        batch ``metadata`` was prepared from.
 
         Sequence ``b`` owns query rows ``query_start[b]:query_start[b+1]``; they are its last
         positions, so its row ``j`` sees context positions ``0..context_len - q_len + j``.
@@ -309,11 +376,16 @@ class AttentionBatch:
         context_lens: ``[B]`` int64 positions each sequence attends to, this step's included.
         page_tables: ``[B, max_pages]`` int64 physical pages, padded past each sequence's
             ``ceil(context_len / page_size)`` pages; ``None`` when the step uses no cache (v0).
+        slot_mapping: ``[T]`` int64 flat slots the step's K/V are written to (``T`` the
+            rows); ``None`` when the step uses no cache, or when the batch is only read.
+            :meth:`PagedStore.prepare` checks them against the pool once, so that
+            :meth:`PagedStore.write` need not.
     """
 
     query_start: torch.Tensor
     context_lens: torch.Tensor
     page_tables: torch.Tensor | None
+    slot_mapping: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -368,8 +440,19 @@ class StepRunner(Protocol):
 class Engine(Protocol):
     """Orchestration: decides what runs each step and hands the model an explicit plan.
 
-    Requirements ENG-001.. in ``specs/engine.md``.
+    Everything its users (the server, the command line, the benchmarks) need is here, so none
+    of them depends on an implementation. Requirements ENG-001.. in ``specs/engine.md``.
     """
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The model's tokenizer, ``None`` when it has none (then prompts are token ids)."""
+        ...
+
+    @property
+    def max_model_len(self) -> int:
+        """Most positions one sequence may reach, prompt included (ENG-033, ENG-034)."""
+        ...
 
     def add_request(
         self,
@@ -406,6 +489,15 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats:
         """Engine-wide counters."""
+        ...
+
+    def add_step_observer(self, observer: Callable[[StepReport], None]) -> None:
+        """Call ``observer`` after every step that ran, with what it did and what it took
+        (ENG-051)."""
+        ...
+
+    def remove_step_observer(self, observer: Callable[[StepReport], None]) -> None:
+        """Stop calling ``observer``."""
         ...
 
     def check_invariants(self) -> None:

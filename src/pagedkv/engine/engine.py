@@ -1,35 +1,48 @@
-"""The engine: each step is schedule → run → postprocess.
+"""The engine: each step is schedule → plan → execute → sample → update → detokenize.
 
-The scheduler picks the work and the KVManager its pages; the plan builder turns that into an
-explicit :class:`~pagedkv.plan.StepPlan`; the runner computes logits; postprocessing commits
-newly written full pages to the prefix index, samples, checks stop conditions and frees the
-pages of finished requests.
+The scheduler picks the work and builds its plan; the runner computes logits; the engine samples
+the sequences the step completed; the scheduler applies the tokens (progress, commits, stop
+conditions, frees); the engine turns them into text and outputs. The engine never touches the
+KVManager or a request's progress itself: the scheduler is their only owner.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 
 import torch
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.outputs import EngineStats, FinishReason, RequestOutput
+from pagedkv.engine.outputs import EngineStats, FinishReason, RequestOutput, StepReport
 from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.request import Request, RequestStatus
+from pagedkv.engine.request import Request
 from pagedkv.engine.sampler import sample, token_logprobs
-from pagedkv.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-from pagedkv.engine.tokenizer import IncrementalText, Tokenizer, eos_token_ids
-from pagedkv.errors import InvalidRequest, InvariantViolation, RequestTooLong
-from pagedkv.interfaces import KVManager, KVManagerConfig, StepRunner
-from pagedkv.kv.manager import ReferenceKVManager
-from pagedkv.plan import SeqChunk, StepPlan, build_plan
+from pagedkv.engine.scheduler import SampledToken, SchedulerOutput, make_scheduler
+from pagedkv.engine.tokenizer import IncrementalText, Tokenizer
+from pagedkv.errors import InvalidRequest, RequestTooLong
+from pagedkv.interfaces import KVManager, StepRunner
+
+#: Called after every step that ran, with what the step did.
+StepObserver = Callable[[StepReport], None]
 
 
 class LLMEngine:
-    """Continuous batching over one page pool (ENG-001..)."""
+    """Continuous batching over one page pool (ENG-001..).
+
+    Args:
+        runner: runs the step plans.
+        config: budgets and cache mode.
+        kv_manager: the page pool of a v1 engine, built by a backend
+            (:meth:`pagedkv.backend.ReferenceBackend.create_engine`); a v0 engine takes none.
+        tokenizer: turns text prompts into ids and ids into text; optional.
+        eos_ids: tokens that end a request unless it ignores EOS.
+
+    Raises:
+        InvalidRequest: a v1 config without ``kv_manager``, or a v0 config with one.
+    """
 
     def __init__(
         self,
@@ -43,20 +56,14 @@ class LLMEngine:
         self.runner = runner
         self.config = config
         self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        if config.mode == "v1" and kv_manager is None:
-            kv_manager = ReferenceKVManager(
-                KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
-            )
-        self.kv: KVManager | None = kv_manager if config.mode == "v1" else None
-        self.max_model_len = config.max_model_len
+        limit = config.max_model_len
         if runner.max_positions is not None:  # never past what the model was trained for
-            self.max_model_len = min(self.max_model_len, runner.max_positions)
-        if self.kv is not None:
-            self.max_model_len = min(self.max_model_len, self.kv.num_pages * self.kv.page_size)
-        self.scheduler = Scheduler(config, self.kv)
+            limit = min(limit, runner.max_positions)
+        self.scheduler = make_scheduler(config, kv_manager, eos_ids=eos_ids, max_model_len=limit)
+        self.max_model_len = self.scheduler.max_model_len
         self._requests: dict[str, Request] = {}
         self._texts: dict[str, IncrementalText] = {}
+        self._observers: list[StepObserver] = []
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(0)
         self._steps = 0
@@ -72,28 +79,12 @@ class LLMEngine:
         *,
         dtype: str = "float32",
         device: str = "cpu",
-        kv_manager: KVManager | None = None,
     ) -> LLMEngine:
-        """Load a Hugging Face format Qwen3 directory, its tokenizer if it has one, and EOS."""
-        from pagedkv.engine.runner import ModelRunner
+        """Load a Hugging Face format Qwen3 directory, its tokenizer if it has one, and EOS,
+        with pagedkv's reference backend (which builds the page pool)."""
+        from pagedkv.backend import ReferenceBackend
 
-        config = config or EngineConfig()
-        runner = ModelRunner.from_model_dir(
-            model_dir,
-            num_pages=config.num_pages if config.mode == "v1" else None,
-            page_size=config.page_size,
-            dtype=dtype,
-            device=device,
-        )
-        path = Path(model_dir)
-        has_tokenizer = (path / "tokenizer.json").exists()
-        return cls(
-            runner,
-            config,
-            kv_manager=kv_manager,
-            tokenizer=Tokenizer(path) if has_tokenizer else None,
-            eos_ids=eos_token_ids(path),
-        )
+        return ReferenceBackend().load_engine(model_dir, config, dtype=dtype, device=device)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -118,6 +109,8 @@ class LLMEngine:
                 f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} = {total} "
                 f"exceeds the {self.max_model_len} positions one sequence may hold"
             )
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequest("stop strings need a tokenizer")
         generator = None
         if not params.greedy:
             seed = params.seed
@@ -136,8 +129,6 @@ class LLMEngine:
         self._requests[request_id] = request
         if self.tokenizer is not None:
             self._texts[request_id] = IncrementalText(self.tokenizer, params.stop)
-        elif params.stop:
-            raise InvalidRequest("stop strings need a tokenizer")
         self.scheduler.add(request)
         return request_id
 
@@ -162,7 +153,8 @@ class LLMEngine:
         request = self._requests.get(request_id)
         if request is None:
             return None
-        self._finish(request, FinishReason.ABORT)
+        self.scheduler.finish(request, FinishReason.ABORT)
+        self._forget(request)
         return self._output(request, (), "")
 
     def has_unfinished_requests(self) -> bool:
@@ -172,90 +164,80 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch; returns the outputs of the requests it advanced."""
+        start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled.chunks:
             return []
-        logits = self.runner.execute(self._plan(scheduled))
-        return self._postprocess(scheduled, logits)
-
-    def _plan(self, scheduled: SchedulerOutput) -> StepPlan:
-        chunks = [
-            SeqChunk(tuple(c.request.token_ids[c.start : c.start + c.num_tokens]), c.start, c.pages)
-            for c in scheduled.chunks
-        ]
-        page_size = self.kv.page_size if self.kv is not None else None
-        return build_plan(chunks, page_size, self.runner.device)
-
-    def _postprocess(self, scheduled: SchedulerOutput, logits: torch.Tensor) -> list[RequestOutput]:
-        self._steps += 1
-        self._tokens_computed += scheduled.num_tokens
-        outputs: list[RequestOutput] = []
-        for row, chunk in enumerate(scheduled.chunks):
-            request = chunk.request
-            self._count_prefill(chunk)
-            if self.kv is not None:
-                request.num_computed_tokens = chunk.start + chunk.num_tokens
-                self._commit(request, chunk)
-            if chunk.completes_sequence:
-                outputs.append(self._append_token(request, logits[row]))
-        if self.kv is not None:
-            self._peak_pages = max(self._peak_pages, self.kv.stats().pages_in_use)
+        scheduled_at = time.perf_counter()
+        plan = self.scheduler.build_plan(scheduled, self.runner.device)
+        planned_at = time.perf_counter()
+        logits = self.runner.execute(plan)
+        executed_at = time.perf_counter()
+        sampled = self._sample(scheduled, logits)
+        sampled_at = time.perf_counter()
+        advanced = self.scheduler.update_from_output(scheduled, sampled)
+        updated_at = time.perf_counter()
+        outputs = [self._detokenize(request) for request in advanced]
+        done_at = time.perf_counter()
+        self._count(scheduled)
+        if self._observers:
+            report = StepReport(
+                num_seqs=len(scheduled.chunks),
+                num_tokens=scheduled.num_tokens,
+                num_prompt_tokens=sum(c.num_prompt_tokens for c in scheduled.chunks),
+                num_preempted=len(scheduled.preempted),
+                num_finished=sum(1 for o in outputs if o.finished),
+                schedule_s=scheduled_at - start,
+                plan_s=planned_at - scheduled_at,
+                execute_s=executed_at - planned_at,
+                sample_s=sampled_at - executed_at,
+                update_s=updated_at - sampled_at,
+                output_s=done_at - updated_at,
+                kv_positions=sum(r.num_computed_tokens for r in self.scheduler.running),
+                stats=self.stats(),
+            )
+            for observer in tuple(self._observers):
+                observer(report)
         return outputs
 
-    def _count_prefill(self, chunk: ScheduledChunk) -> None:
-        prompt_len = len(chunk.request.prompt_token_ids)
-        end = min(chunk.start + chunk.num_tokens, prompt_len)
-        self._prefill_tokens_computed += max(0, end - chunk.start)
+    def _sample(
+        self, scheduled: SchedulerOutput, logits: torch.Tensor
+    ) -> list[SampledToken | None]:
+        """The next token of every chunk that completes its sequence (logits row = chunk)."""
+        sampled: list[SampledToken | None] = []
+        for row, chunk in enumerate(scheduled.chunks):
+            if not chunk.completes_sequence:
+                sampled.append(None)
+                continue
+            params = chunk.request.params
+            token = sample(logits[row], params, chunk.request.generator)
+            logprobs = None
+            if params.logprobs is not None:
+                logprobs = token_logprobs(logits[row], token, params.logprobs)
+            sampled.append(SampledToken(token, logprobs))
+        return sampled
 
-    def _commit(self, request: Request, chunk: ScheduledChunk) -> None:
-        """Publish pages that this step filled: their K/V are now written (KVM-021)."""
-        kv = self.kv
-        if kv is None or request.seq_id is None:
-            return
-        size = kv.page_size
-        end = chunk.start + chunk.num_tokens
-        if end // size > chunk.start // size:
-            kv.commit(request.seq_id, request.token_ids[:end])
-
-    def _append_token(self, request: Request, logits: torch.Tensor) -> RequestOutput:
-        params = request.params
-        token = sample(logits, params, request.generator)
-        now = time.perf_counter()
-        if request.first_token_time is None:
-            request.first_token_time = now
-        request.token_ids.append(token)
-        if request.logprobs is not None and params.logprobs is not None:
-            request.logprobs.append(token_logprobs(logits, token, params.logprobs))
-        reason = self._stop_reason(request, token)
+    def _detokenize(self, request: Request) -> RequestOutput:
+        """The output of a request that just got a token; a stop string ends it here."""
         new_text = ""
         text = self._texts.get(request.request_id)
         if text is not None:
-            new_text, stopped = text.update(request.output_token_ids, final=reason is not None)
-            if stopped and reason is None:
-                reason = FinishReason.STOP
+            new_text, stopped = text.update(request.output_token_ids, final=request.finished)
+            if stopped and not request.finished:
+                self.scheduler.finish(request, FinishReason.STOP)
                 new_text, _ = text.update(request.output_token_ids, final=True)
             request.text = text.text
-        if reason is not None:
-            self._finish(request, reason)
-        return self._output(request, (token,), new_text)
+        if request.finished:
+            self._forget(request)
+        return self._output(request, (request.token_ids[-1],), new_text)
 
-    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
-        params = request.params
-        if not params.ignore_eos and token in self.eos_ids:
-            return FinishReason.STOP
-        if token in params.stop_token_ids:
-            return FinishReason.STOP
-        if request.num_output_tokens >= params.max_tokens:
-            return FinishReason.LENGTH
-        if request.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH
-        return None
+    def _count(self, scheduled: SchedulerOutput) -> None:
+        self._steps += 1
+        self._tokens_computed += scheduled.num_tokens
+        self._prefill_tokens_computed += sum(c.num_prompt_tokens for c in scheduled.chunks)
+        self._peak_pages = max(self._peak_pages, self.scheduler.kv_stats().pages_in_use)
 
-    def _finish(self, request: Request, reason: FinishReason) -> None:
-        self.scheduler.release(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        request.finished_time = time.perf_counter()
+    def _forget(self, request: Request) -> None:
         del self._requests[request.request_id]
         self._texts.pop(request.request_id, None)
 
@@ -272,6 +254,41 @@ class LLMEngine:
             logprobs=tuple(request.logprobs) if request.logprobs is not None else None,
             metrics=request.metrics(),
         )
+
+    # -- observation -----------------------------------------------------------------------
+
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call ``observer`` with a :class:`StepReport` after every step that ran (ENG-051)."""
+        self._observers.append(observer)
+
+    def remove_step_observer(self, observer: StepObserver) -> None:
+        """Stop calling ``observer``; unknown observers are ignored."""
+        if observer in self._observers:
+            self._observers.remove(observer)
+
+    def stats(self) -> EngineStats:
+        """Engine-wide counters (ENG-050)."""
+        kv = self.scheduler.kv_stats()
+        return EngineStats(
+            num_pages=kv.num_pages,
+            pages_in_use=kv.pages_in_use,
+            pages_free=kv.pages_free,
+            pages_cached=kv.pages_cached,
+            peak_pages_in_use=self._peak_pages,
+            query_tokens=kv.query_tokens,
+            hit_tokens=kv.hit_tokens,
+            prefill_tokens_computed=self._prefill_tokens_computed,
+            tokens_computed=self._tokens_computed,
+            steps=self._steps,
+            preemptions=self.scheduler.num_preemptions,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+        )
+
+    def check_invariants(self) -> None:
+        """The scheduler's invariants (for v1, its KVManager's and the pages of the running
+        requests)."""
+        self.scheduler.check_invariants()
 
     # -- convenience -----------------------------------------------------------------------
 
@@ -298,43 +315,3 @@ class LLMEngine:
         finally:
             if not finished:
                 self.abort(request_id)
-
-    def stats(self) -> EngineStats:
-        """Engine-wide counters (ENG-050)."""
-        kv = self.kv.stats() if self.kv is not None else None
-        return EngineStats(
-            num_pages=kv.num_pages if kv else 0,
-            pages_in_use=kv.pages_in_use if kv else 0,
-            pages_free=kv.pages_free if kv else 0,
-            pages_cached=kv.pages_cached if kv else 0,
-            peak_pages_in_use=self._peak_pages,
-            query_tokens=kv.query_tokens if kv else 0,
-            hit_tokens=kv.hit_tokens if kv else 0,
-            prefill_tokens_computed=self._prefill_tokens_computed,
-            tokens_computed=self._tokens_computed,
-            steps=self._steps,
-            preemptions=self.scheduler.num_preemptions,
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-        )
-
-    def check_invariants(self) -> None:
-        """The KVManager's invariants, plus: the pages in use are exactly those of running
-        requests, and a running request's reservation covers what it has computed."""
-        if self.kv is None:
-            return
-        self.kv.check_invariants()
-        held: set[int] = set()
-        for request in self.scheduler.running:
-            if request.seq_id is None:
-                raise InvariantViolation(f"running request {request.request_id} holds no pages")
-            table = self.kv.page_table(request.seq_id)
-            if table.num_tokens < request.num_computed_tokens:
-                raise InvariantViolation(
-                    f"request {request.request_id} computed {request.num_computed_tokens} "
-                    f"positions but reserved {table.num_tokens}"
-                )
-            held.update(table.pages)
-        in_use = self.kv.stats().pages_in_use
-        if in_use != len(held):
-            raise InvariantViolation(f"{in_use} pages in use but running requests hold {len(held)}")

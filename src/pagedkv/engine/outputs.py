@@ -133,3 +133,52 @@ class EngineStats:
     def tokens_per_step(self) -> float:
         """Mean positions computed per step."""
         return self.tokens_computed / self.steps if self.steps else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """What one engine step did, handed to step observers after the step (ENG-051).
+
+    Times are seconds on the ``time.perf_counter`` clock; together they cover the whole step.
+
+    Attributes:
+        num_seqs: sequences the step ran.
+        num_tokens: positions the model computed.
+        num_prompt_tokens: of those, prompt positions (recomputation included).
+        num_preempted: requests preempted to make room.
+        num_finished: requests that finished in the step (aborts excluded).
+        schedule_s: picking the work (scheduler and KVManager).
+        plan_s: building the step plan.
+        execute_s: the runner (model and attention) up to the logits on the CPU.
+        sample_s: sampling the completed sequences' next tokens.
+        update_s: applying them (progress, commits, stop conditions, frees).
+        output_s: detokenizing and building the outputs.
+        kv_positions: positions whose K/V the running requests hold after the step.
+        stats: the engine's counters after the step.
+    """
+
+    num_seqs: int
+    num_tokens: int
+    num_prompt_tokens: int
+    num_preempted: int
+    num_finished: int
+    schedule_s: float
+    plan_s: float
+    execute_s: float
+    sample_s: float
+    update_s: float
+    output_s: float
+    kv_positions: int
+    stats: EngineStats
+
+    @property
+    def total_s(self) -> float:
+        """The whole step."""
+        return (
+            self.schedule_s
+            + self.plan_s
+            + self.execute_s
+            + self.sample_s
+            + self.update_s
+            + self.output_s
+        )

@@ -1,22 +1,33 @@
-"""FCFS scheduler: picks each step's work under the token and sequence budgets.
+"""The scheduler: picks each step's work and is the only writer of request progress.
 
-Running requests go first, in admission order: each gets one decode token, or the next chunk of
-its prompt. Waiting requests are then admitted in arrival order while the budgets and the page
-pool allow, each taking its cached prefix and a first prefill chunk in one all-or-nothing
-allocation. When a running request cannot grow, the most recently admitted running request is
-preempted: its pages are freed and it goes back to the head of the queue, to be recomputed
-(ENG-030..ENG-034).
+Each step the engine asks it for the work (:meth:`Scheduler.schedule`) and for the step plan of
+that work (:meth:`Scheduler.build_plan`); once the model has run and the engine has sampled, it
+hands the sampled tokens back (:meth:`Scheduler.update_from_output`): the scheduler appends
+them, advances each request's computed positions, commits the pages whose K/V are now written,
+applies the token-level stop conditions, and finishes and frees those requests. Requests are
+admitted first come, first served (ENG-030).
+
+Two implementations, one per cache mode, chosen once by :func:`make_scheduler`:
+:class:`~pagedkv.engine.paged_scheduler.PagedScheduler` (v1, the only caller of the KVManager)
+and :class:`~pagedkv.engine.recompute_scheduler.RecomputeScheduler` (v0, no cache).
 """
 
 from __future__ import annotations
 
+import time
+from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.outputs import FinishReason, TokenLogprobs
 from pagedkv.engine.request import Request, RequestStatus
-from pagedkv.errors import InvariantViolation, OutOfPages
-from pagedkv.interfaces import KVManager
+from pagedkv.errors import InvalidRequest
+from pagedkv.interfaces import KVManager, KVStats
+from pagedkv.plan import SeqChunk, StepPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +52,17 @@ class ScheduledChunk:
         """Whether the chunk reaches the sequence's last token, so its logits are sampled."""
         return self.start + self.num_tokens == self.request.num_tokens
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Of the positions computed, those of the prompt (recomputation included)."""
+        end = min(self.start + self.num_tokens, len(self.request.prompt_token_ids))
+        return max(0, end - self.start)
+
+    def seq_chunk(self) -> SeqChunk:
+        """The chunk as the plan builders take it."""
+        tokens = self.request.token_ids[self.start : self.start + self.num_tokens]
+        return SeqChunk(tuple(tokens), self.start, self.pages)
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:
@@ -55,15 +77,34 @@ class SchedulerOutput:
         return sum(c.num_tokens for c in self.chunks)
 
 
-class Scheduler:
-    """Owns the waiting queue and the running list; the KVManager owns the pages."""
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """The token sampled for one completed chunk, and its log-probabilities if asked for."""
 
-    def __init__(self, config: EngineConfig, kv: KVManager | None) -> None:
+    token_id: int
+    logprobs: TokenLogprobs | None
+
+
+#: No KV pool: the statistics of a scheduler that keeps no cache.
+NO_KV_STATS = KVStats(0, 0, 0, 0, 0, 0, 0, 0)
+
+
+class Scheduler(ABC):
+    """The waiting queue, the running list and every request's progress.
+
+    Args:
+        config: the step budgets.
+        eos_ids: tokens that end a request (unless it ignores EOS).
+        max_model_len: most positions one sequence may reach; a request reaching it ends
+            with reason ``length``.
+    """
+
+    def __init__(self, config: EngineConfig, eos_ids: frozenset[int], max_model_len: int) -> None:
         self.config = config
-        self.kv = kv
+        self.eos_ids = eos_ids
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._next_seq_id = 0
         self.num_preemptions = 0
 
     def add(self, request: Request) -> None:
@@ -71,150 +112,124 @@ class Scheduler:
         self.waiting.append(request)
 
     def has_work(self) -> bool:
+        """Whether any request is waiting or running."""
         return bool(self.waiting or self.running)
 
+    # -- the mode's part ------------------------------------------------------------------
+
+    @abstractmethod
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's chunks. Never returns an empty step while work is pending."""
-        if self.kv is None:
-            return self._schedule_recompute()
-        return self._schedule_paged(self.kv)
+        """Pick this step's chunks. Never returns an empty step while a request is running or
+        can be admitted."""
 
-    # -- v1: paged KV cache ----------------------------------------------------------------
+    @abstractmethod
+    def build_plan(self, scheduled: SchedulerOutput, device: torch.device) -> StepPlan:
+        """The step plan of ``scheduled``, its tensors on ``device``."""
 
-    def _schedule_paged(self, kv: KVManager) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
-        preempted: list[Request] = []
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            n = min(request.num_uncomputed_tokens, budget)
-            start = request.num_computed_tokens
-            if not self._grow(kv, request, start + n, preempted):
-                break  # the request preempted itself: nothing after it is running any more
-            seq_id = self._seq_id(request)
-            chunks.append(ScheduledChunk(request, start, n, kv.page_table(seq_id).pages))
-            budget -= n
-            i += 1
-        if not preempted:
-            self._admit(kv, budget, chunks)
-        return SchedulerOutput(tuple(chunks), tuple(preempted))
+    @abstractmethod
+    def kv_stats(self) -> KVStats:
+        """The page pool's accounting (all zero without a cache)."""
 
-    def _grow(self, kv: KVManager, request: Request, num_tokens: int, out: list[Request]) -> bool:
-        """Reserve ``num_tokens`` positions for ``request``, preempting the newest as needed.
+    @abstractmethod
+    def check_invariants(self) -> None:
+        """Raise :class:`~pagedkv.errors.InvariantViolation` if the bookkeeping is
+        inconsistent."""
 
-        Returns False if ``request`` itself had to be preempted.
+    @abstractmethod
+    def _computed(self, chunk: ScheduledChunk) -> None:
+        """The chunk's K/V are written: advance the request and publish what it filled."""
+
+    @abstractmethod
+    def _release(self, request: Request) -> None:
+        """Free whatever a running request holds."""
+
+    # -- after the model ran --------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduled: SchedulerOutput, sampled: Sequence[SampledToken | None]
+    ) -> list[Request]:
+        """Apply a step's results: ``sampled[i]`` is the token of ``scheduled.chunks[i]``, or
+        ``None`` for a chunk that does not complete its sequence.
+
+        Advances every chunk's request (committing the pages it filled), appends the sampled
+        tokens, and finishes and frees the requests a token stops (EOS, a stop token,
+        ``max_tokens`` or ``max_model_len``). Returns the requests that got a token, in chunk
+        order.
         """
-        while True:
-            try:
-                kv.grow(self._seq_id(request), num_tokens)
-                return True
-            except OutOfPages:
-                victim = self.running[-1]
-                self._preempt(kv, victim)
-                out.append(victim)
-                if victim is request:
-                    return False
-
-    def _admit(self, kv: KVManager, budget: int, chunks: list[ScheduledChunk]) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            cached = kv.cached_prefix_length(request.token_ids, request.cache_salt)
-            if self._prefix_in_flight(request, cached, kv.page_size):
-                break  # FCFS: admit it, and those behind it, once those pages are committed
-            n = min(request.num_tokens - cached, budget)
-            seq_id = self._next_seq_id
-            try:
-                allocation = kv.allocate(seq_id, request.token_ids, n, request.cache_salt)
-            except OutOfPages:
-                break  # FCFS: later requests wait behind this one
-            self._next_seq_id += 1
-            self.waiting.popleft()
-            start = allocation.num_cached_tokens
-            request.seq_id = seq_id
-            request.num_computed_tokens = start
-            request.status = RequestStatus.RUNNING
-            if request.cached_tokens is None:
-                request.cached_tokens = start
-            self.running.append(request)
-            chunks.append(ScheduledChunk(request, start, n, allocation.page_table.pages))
-            budget -= n
-
-    def _prefix_in_flight(self, request: Request, cached: int, page_size: int) -> bool:
-        """Whether a running request is still computing full pages this one would reuse.
-
-        Admitting it now would compute those pages a second time; waiting until they are
-        committed (a step or a few chunks) prefills a burst's common prefix once (ENG-026).
-        """
-        if not self.config.enable_prefix_caching:
-            return False
-        tokens = request.token_ids
-        reusable = len(tokens) - 1  # at least one token is always computed (KVM-025)
-        for other in self.running:
-            if other.cache_salt != request.cache_salt:
+        if len(sampled) != len(scheduled.chunks):
+            raise InvalidRequest(f"{len(sampled)} results for {len(scheduled.chunks)} chunks")
+        now = time.perf_counter()
+        advanced: list[Request] = []
+        for chunk, token in zip(scheduled.chunks, sampled, strict=True):
+            self._computed(chunk)
+            if token is None:
                 continue
-            if other.num_computed_tokens >= reusable:
-                continue  # whatever it shares is committed already
-            shared = _common_prefix(tokens, other.token_ids, reusable) // page_size * page_size
-            if shared > cached and other.num_computed_tokens < shared:
-                return True
-        return False
+            request = chunk.request
+            request.token_ids.append(token.token_id)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            if request.logprobs is not None and token.logprobs is not None:
+                request.logprobs.append(token.logprobs)
+            reason = self._stop_reason(request, token.token_id)
+            if reason is not None:
+                self.finish(request, reason)
+            advanced.append(request)
+        return advanced
 
-    def _preempt(self, kv: KVManager, request: Request) -> None:
-        kv.free(self._seq_id(request))
-        self.running.remove(request)
-        request.seq_id = None
-        request.num_computed_tokens = 0
-        request.status = RequestStatus.WAITING
-        request.preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(request)
+    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
+        params = request.params
+        if not params.ignore_eos and token in self.eos_ids:
+            return FinishReason.STOP
+        if token in params.stop_token_ids:
+            return FinishReason.STOP
+        if request.num_output_tokens >= params.max_tokens:
+            return FinishReason.LENGTH
+        if request.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
 
-    # -- v0: recompute everything ----------------------------------------------------------
-
-    def _schedule_recompute(self) -> SchedulerOutput:
-        """Every running request recomputes its whole sequence; admit while the budget allows.
-
-        The first request of a step is always scheduled, whatever its length, so the engine
-        cannot stall on a sequence longer than the token budget.
-        """
-        chunks = [ScheduledChunk(r, 0, r.num_tokens, ()) for r in self.running]
-        budget = self.config.max_num_batched_tokens - sum(c.num_tokens for c in chunks)
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            if chunks and request.num_tokens > budget:
-                break
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            if request.cached_tokens is None:
-                request.cached_tokens = 0
-            self.running.append(request)
-            chunks.append(ScheduledChunk(request, 0, request.num_tokens, ()))
-            budget -= request.num_tokens
-        return SchedulerOutput(tuple(chunks), ())
-
-    # -- endings ---------------------------------------------------------------------------
-
-    def release(self, request: Request) -> None:
-        """Drop a finished or aborted request from the queues and free its pages at once."""
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """End a waiting or running request now (a stop, a stop string, an abort), freeing
+        what it holds at once (ENG-012)."""
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
-            if self.kv is not None:
-                self.kv.free(self._seq_id(request))
+            self._release(request)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
-        request.seq_id = None
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finished_time = time.perf_counter()
 
-    def _seq_id(self, request: Request) -> int:
-        if request.seq_id is None:
-            raise InvariantViolation(f"request {request.request_id} holds no pages")
-        return request.seq_id
+    def _start(self, request: Request, num_cached_tokens: int) -> None:
+        """Move the head of the queue to the running list."""
+        self.waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_cached_tokens
+        if request.cached_tokens is None:
+            request.cached_tokens = num_cached_tokens
+        self.running.append(request)
 
 
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
-    n = min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def make_scheduler(
+    config: EngineConfig,
+    kv_manager: KVManager | None,
+    *,
+    eos_ids: frozenset[int],
+    max_model_len: int,
+) -> Scheduler:
+    """The scheduler of ``config.mode``: paged over ``kv_manager`` (v1, which needs one) or
+    recomputing (v0, which must not be given one).
+
+    Raises:
+        InvalidRequest: a v1 config without a KVManager, or a v0 config with one.
+    """
+    from pagedkv.engine.paged_scheduler import PagedScheduler
+    from pagedkv.engine.recompute_scheduler import RecomputeScheduler
+
+    if config.mode == "v0":
+        if kv_manager is not None:
+            raise InvalidRequest("a v0 engine keeps no KV cache: it takes no kv_manager")
+        return RecomputeScheduler(config, eos_ids, max_model_len)
+    if kv_manager is None:
+        raise InvalidRequest("a v1 engine needs a kv_manager; a backend's create_engine builds one")
+    return PagedScheduler(config, kv_manager, eos_ids, max_model_len)

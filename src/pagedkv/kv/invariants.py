@@ -67,6 +67,10 @@ def check_manager_invariants(manager: ReferenceKVManager) -> None:
     total = in_use + len(free) + len(cached)
     _require(total == manager.num_pages, f"in use + free + cached = {total} != {manager.num_pages}")
 
+    # KVM-036: the in-flight tracker counts exactly the live sequences' uncommitted pages.
+    for problem in manager.in_flight.check(manager.sequences):
+        _require(False, problem)
+
     # KVM-020: entries describe full pages and map both ways.
     for entry in index.entries():
         _require(index.entry_of(entry.page) is entry, f"entry of page {entry.page} is not mapped")

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from pagedkv import __version__
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.errors import InvalidRequest
+from pagedkv.interfaces import Engine
 from pagedkv.server.admission import AdmissionLimits
 from pagedkv.server.async_engine import AsyncEngine
 from pagedkv.server.auth import ApiKeyAuth
@@ -71,7 +71,7 @@ class ServerConfig:
 
 
 def create_app(
-    engine: LLMEngine,
+    engine: Engine,
     model_name: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     *,

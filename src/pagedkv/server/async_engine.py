@@ -1,4 +1,4 @@
-"""An asyncio front for the synchronous :class:`~pagedkv.engine.engine.LLMEngine`.
+"""An asyncio front for a synchronous :class:`~pagedkv.interfaces.Engine`.
 
 One background thread owns the engine: it alone tokenizes, adds, steps and aborts, so the
 engine needs no locks. Request handlers submit work through a thread-safe command queue and
@@ -25,11 +25,11 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.outputs import EngineStats, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Message
 from pagedkv.errors import InvalidRequest, PagedKVError
+from pagedkv.interfaces import Engine
 from pagedkv.server.admission import AdmissionLimits, DeadlineExceeded, Deadlines
 
 T = TypeVar("T")
@@ -180,7 +180,7 @@ class AsyncEngine:
 
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: Engine,
         limits: AdmissionLimits | None = None,
         *,
         observer: Callable[[RequestOutput], None] | None = None,
