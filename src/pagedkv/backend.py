@@ -33,7 +33,7 @@ class ReferenceBackend:
     name: str = "pagedkv reference"
     prefix_index: Literal["hash", "radix"] = "hash"
     capabilities: frozenset[str] = frozenset(
-        {"prefix_caching", "eviction", "reset", "paged_store", "model", "engine", "cuda"}
+        {"prefix_caching", "eviction", "reset", "fork", "paged_store", "model", "engine", "cuda"}
     )
 
     def create_kv_manager(self, config: KVManagerConfig) -> KVManager:

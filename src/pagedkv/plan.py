@@ -10,13 +10,14 @@ model and the store never re-check a plan's ranges per layer.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import AttentionBatch
+from pagedkv.interfaces import AttentionBatch, PageCopy
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,16 @@ class StepPlan:
         attention: which rows belong to which sequence, their context lengths, and (v1) their
             page tables and the slots this step's K/V are written to.
         logits_indices: ``[B]`` int64 rows whose logits are wanted (each sequence's last row).
+        page_copies: ``[2, C]`` int64 pages to copy before the step writes anything: row 0
+            the sources, row 1 the targets (the partial pages of forked sequences, KVM-037);
+            ``None`` when there is nothing to copy.
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     attention: AttentionBatch
     logits_indices: torch.Tensor
+    page_copies: torch.Tensor | None = None
 
     @property
     def slot_mapping(self) -> torch.Tensor | None:
@@ -124,12 +129,16 @@ def _plan(
 
 
 def build_paged_plan(
-    chunks: Sequence[SeqChunk], page_size: int, device: torch.device | str = "cpu"
+    chunks: Sequence[SeqChunk],
+    page_size: int,
+    device: torch.device | str = "cpu",
+    copies: Sequence[PageCopy] = (),
 ) -> StepPlan:
     """Flatten ``chunks`` into a plan over a paged KV cache (v1).
 
     Each chunk's pages must cover its context (positions ``0..start + len(token_ids) - 1``);
-    the slots of its new tokens are computed here from its pages.
+    the slots of its new tokens are computed here from its pages. ``copies`` are made before
+    the step writes anything.
 
     Raises:
         InvalidRequest: no chunk, an empty chunk, a negative start, or pages that do not cover
@@ -149,7 +158,11 @@ def build_paged_plan(
         )
     width = max(len(c.pages) for c in chunks)
     tables = [[*c.pages, *([0] * (width - len(c.pages)))] for c in chunks]
-    return _plan(flat, device, _tensor(tables, device), _tensor(slots, device))
+    plan = _plan(flat, device, _tensor(tables, device), _tensor(slots, device))
+    if not copies:
+        return plan
+    pairs = [[c.src for c in copies], [c.dst for c in copies]]
+    return dataclasses.replace(plan, page_copies=_tensor(pairs, device))
 
 
 def build_recompute_plan(

@@ -65,6 +65,11 @@ class HashRunner:
         batch = plan.attention
         starts = batch.query_start.tolist()
         self.steps.append([b - a for a, b in itertools.pairwise(starts)])
+        if plan.page_copies is not None:  # a fork's partial pages, before any write
+            offsets = torch.arange(self.page_size)
+            src, dst = (pages.unsqueeze(1) * self.page_size + offsets for pages in plan.page_copies)
+            self.slots[dst] = self.slots[src]
+            self.written[dst] = self.written[src]
         if plan.slot_mapping is not None:
             self.slots[plan.slot_mapping] = plan.input_ids
             self.written[plan.slot_mapping] = True
