@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedkv.backend import reference_backend
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.llm import run_to_completion
@@ -27,7 +28,7 @@ class RaisedLogitsRunner(HashRunner):
 
 def engine() -> LLMEngine:
     runner = RaisedLogitsRunner(VOCAB, num_pages=CONFIG.num_pages, page_size=CONFIG.page_size)
-    return LLMEngine(runner, CONFIG)
+    return reference_backend().create_engine(runner, CONFIG)
 
 
 @pytest.mark.spec("ENG-046")

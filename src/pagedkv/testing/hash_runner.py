@@ -8,6 +8,7 @@ instead of running a transformer.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 
 import torch
@@ -73,7 +74,7 @@ class HashRunner:
         if plan.slot_mapping is not None:
             self.slots[plan.slot_mapping] = plan.input_ids
             self.written[plan.slot_mapping] = True
-        rows = []
+        contexts = []
         for b, context_len in enumerate(batch.context_lens.tolist()):
             if batch.page_tables is None:
                 context = plan.input_ids[starts[b] : starts[b + 1]]
@@ -85,7 +86,12 @@ class HashRunner:
                 if not bool(self.written[slot].all()):
                     raise InvalidRequest(f"sequence {b} reads a slot nothing was written to")
                 context = self.slots[slot]
-            rows.append(next_token(context.tolist(), self._vocab))
+            contexts.append(context.tolist())
+        rows = []
+        for row in plan.logits_indices.tolist():
+            b = bisect.bisect_right(starts, row) - 1
+            end = len(contexts[b]) - (starts[b + 1] - 1 - row)  # context up to that row
+            rows.append(next_token(contexts[b][:end], self._vocab))
         target = torch.tensor(rows).unsqueeze(1)
         distance = (torch.arange(self._vocab).unsqueeze(0) - target) % self._vocab
         return -0.5 * distance.to(torch.float32)
