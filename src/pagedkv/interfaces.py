@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     import torch
 
     from pagedkv.engine.config import EngineConfig
+    from pagedkv.engine.generation_config import GenerationDefaults
     from pagedkv.engine.outputs import EngineStats, RequestOutput, StepReport
     from pagedkv.engine.params import SamplingParams
+    from pagedkv.engine.prompts import PromptType
     from pagedkv.engine.tokenizer import Tokenizer
     from pagedkv.plan import StepPlan
 
@@ -518,9 +520,15 @@ class Engine(Protocol):
         """Most positions one sequence may reach, prompt included (ENG-033, ENG-034)."""
         ...
 
+    @property
+    def generation_defaults(self) -> GenerationDefaults:
+        """The model's sampling defaults, which a request without its own values takes
+        (ENG-080)."""
+        ...
+
     def add_request(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         request_id: str | None = None,
@@ -543,7 +551,7 @@ class Engine(Protocol):
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         cache_salt: str | None = None,

@@ -22,11 +22,14 @@ class TokenLogprobs:
         token_id: the token chosen.
         logprob: its log-probability.
         top: the ``n`` most likely ``(token_id, logprob)`` pairs, most likely first.
+        rank: the token's rank in the distribution (1 for the most likely), where computed
+            (prompt log-probabilities).
     """
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...]
+    rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,12 +236,13 @@ def prompt_logprobs(
     logits: torch.Tensor, targets: Sequence[int], top_n: int
 ) -> list[TokenLogprobs]:
     """Log-probabilities of ``targets[i]`` under the raw distribution of ``logits[i]``
-    (``[P, vocab]``), with the ``top_n`` most likely tokens of each row."""
+    (``[P, vocab]``), with their ranks and the ``top_n`` most likely tokens of each row."""
     raw = torch.log_softmax(logits.float(), dim=1)
     index = torch.tensor(list(targets), dtype=torch.int64).unsqueeze(1)
-    chosen = raw.gather(1, index).squeeze(1).tolist()
+    chosen = raw.gather(1, index)
+    ranks = ((raw > chosen).sum(dim=1) + 1).tolist()
     tops = top_logprobs(raw, [top_n] * len(targets))
     return [
-        TokenLogprobs(int(t), float(lp), top)
-        for t, lp, top in zip(targets, chosen, tops, strict=True)
+        TokenLogprobs(int(t), float(lp), top, int(rank))
+        for t, lp, top, rank in zip(targets, chosen.squeeze(1).tolist(), tops, ranks, strict=True)
     ]
