@@ -58,7 +58,8 @@ def test_a_swap_reads_the_pages_as_they_were() -> None:
     store.copy_pages(torch.tensor([2]), torch.tensor([5]))
     store.copy_pages(torch.tensor([5, 2]), torch.tensor([1, 0]))
     after = pages(store)
-    assert torch.equal(after[1][0], before[2][0]) and torch.equal(after[0][0], before[2][0])
+    assert torch.equal(after[1][0], before[2][0])
+    assert torch.equal(after[0][0], before[2][0])
 
 
 @pytest.mark.spec("PST-006")
