@@ -129,7 +129,8 @@ class EngineParallelSuite:
         for _ in range(steps):
             eut.engine.step()
         final = eut.engine.abort(request_id)
-        assert final is not None and final.finished
+        assert final is not None
+        assert final.finished
         assert [str(c.finish_reason) for c in final.outputs] == ["abort"] * 3
         assert not eut.engine.has_unfinished_requests()
         assert eut.engine.stats().pages_in_use == 0

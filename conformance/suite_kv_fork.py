@@ -77,7 +77,8 @@ class KVForkSuite:
             assert (table.seq_id, table.num_tokens) == (child, parent.num_tokens)
             assert table.pages[:2] == parent.pages[:2]
             own = table.pages[2]
-            assert own not in parent.pages and own not in fresh, f"page {own} is not fresh"
+            assert own not in parent.pages, f"page {own} is the parent's"
+            assert own not in fresh, f"page {own} was given to an earlier fork"
             fresh.add(own)
             assert fork.copies == (PageCopy(src=parent.pages[2], dst=own),)
         assert kv.page_table(1) == parent

@@ -82,8 +82,9 @@ CORRUPTIONS: dict[str, Callable[[ReferenceKVManager], None]] = {
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_check_invariants_catches_corruption(corrupt: Callable[[ReferenceKVManager], None]) -> None:
     """Each kind of inconsistent bookkeeping (a page in two states or on the free list twice,
-    ref counts not matching holders, a lost page, a malformed page table, a page shared at two
-    logical positions, a cached page without an entry) makes check_invariants raise InvariantViolation."""
+    ref counts not matching holders, a lost page, a malformed page table, a page shared at
+    two logical positions, a cached page without an entry) makes check_invariants raise
+    InvariantViolation."""
     kv = busy()
     corrupt(kv)
     with pytest.raises(InvariantViolation):
