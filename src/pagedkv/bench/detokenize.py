@@ -6,14 +6,16 @@ search the new text for stop strings, O(n) per token and O(n²) per output. The 
 detokenizer steps the ``tokenizers`` library's ``DecodeStream`` (or, for a tokenizer without
 one, decodes the few tokens since the last released text) and checks stop strings only in the
 new text: O(1) per token. Both run on the small model's tokenizer over the same output (its
-tokenizer's encoding of Python source, repeated to the length), with one stop string that never
-occurs, as a request with a stop string would; the ratio is their time per output.
+encoding of the standard library's ``json.decoder`` source, repeated to the length), with one
+stop string that never occurs, as a request with a stop string would; the ratio is their time
+per output.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from pagedkv.bench.checkpoints import Checkpoint
 from pagedkv.bench.context import BenchContext
@@ -57,26 +59,12 @@ def incremental(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
     return "".join(released)
 
 
-#: The text an output is made of.
-SOURCE = '''def read_config(path: str) -> dict[str, str]:
-    """Read ``key = value`` lines from ``path``; blank lines and comments are skipped."""
-    result: dict[str, str] = {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            key, sep, value = line.partition("=")
-            if not sep:
-                raise ConfigError(f"{path}:{number}: expected key = value → {line!r}")
-            result[key.strip()] = value.strip()
-    return result
-'''
-
-
 def output_tokens(tokenizer: Tokenizer, length: int) -> list[int]:
-    """``length`` tokens of Python source as the tokenizer encodes it."""
-    ids = tokenizer.encode(SOURCE)
+    """``length`` tokens of Python source (the standard library's ``json.decoder``, repeated)
+    as the tokenizer encodes it."""
+    import json.decoder
+
+    ids = tokenizer.encode(Path(json.decoder.__file__).read_text(encoding="utf-8"))
     return (ids * (length // len(ids) + 1))[:length]
 
 
