@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_harness import error_of, post_json, running, sse_payloads, wait_idle
+from server_harness import error_of, metric, post_json, running, sse_payloads, wait_idle
 from serving_models import serving_model_dir, tiny_chat_model
 
 from pagedkv.assets import has_default_model
@@ -202,8 +202,15 @@ def check_include_stop_str_in_output(s: Served, e: str) -> None:
     assert kept == whole[: whole.index(stop) + len(stop)]
 
 
+def generated(s: Served) -> float:
+    text = httpx.get(f"{s.url}/metrics").text
+    return metric(text, "vllm:generation_tokens_total", model_name=MODEL)
+
+
 def check_n(s: Served, e: str) -> None:
+    before = generated(s)
     result = s.ask(e, n=3, temperature=1.5, seed=5)
+    assert generated(s) - before == token_count(result) == 3 * 6  # every completion counts
     assert [c["index"] for c in result["choices"]] == [0, 1, 2]
     assert texts(result)[0] == texts(s.ask(e, temperature=1.5, seed=5))[0]
     assert texts(result)[1] == texts(s.ask(e, temperature=1.5, seed=6))[0]
