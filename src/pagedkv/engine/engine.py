@@ -308,7 +308,7 @@ class LLMEngine:
                 )
                 where.append(last)
         if not rows:
-            return list(spans)  # type: ignore[arg-type]
+            return [None] * len(spans)
         picked = logits.index_select(0, torch.tensor(where, dtype=torch.int64))
         results = sample_rows(picked, rows, self.scheduler.eos_ids)
         tokens = [_sampled_token(r, row.params) for r, row in zip(results, rows, strict=True)]

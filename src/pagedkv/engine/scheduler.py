@@ -227,6 +227,7 @@ class Scheduler(ABC):
         children, parent.forks = parent.forks, []
         if len(tokens) != len(children):
             raise InvalidRequest(f"{len(tokens)} first tokens for {len(children)} forks")
+        unplaced: list[Request] = []
         for child, token in zip(children, tokens, strict=True):
             child.token_ids = list(parent.token_ids)
             child.cached_tokens = parent.cached_tokens
@@ -242,12 +243,13 @@ class Scheduler(ABC):
                 child.status = RequestStatus.WAITING
                 child.preemptions += 1
                 self.num_preemptions += 1
-                self.waiting.appendleft(child)
+                unplaced.append(child)
+        self.waiting.extendleft(reversed(unplaced))  # in index order, ahead of the others
         return children
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
-        """Why ``token``, appended to ``request`` (or about to be), ends it; records a stop
-        token as its stop reason."""
+        """Why ``token``, just appended to ``request``, ends it; records a stop token as its
+        stop reason."""
         params = request.params
         if not params.ignore_eos and token in self.eos_ids:
             return FinishReason.STOP
