@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from pagedkv.engine.config import CacheMode
 from pagedkv.engine.llm import run_to_completion
@@ -161,3 +162,28 @@ class GoldenFamilySuite:
         too_long = SamplingParams(max_tokens=served - len(prompt) + 1, temperature=0.0)
         with pytest.raises(RequestTooLong):
             engine.add_request(prompt, too_long)
+
+    @pytest.mark.spec("GLD-054")
+    def test_cuda_family_matches_transformers(
+        self, backend: Backend, golden_checkpoints: GoldenCheckpoints
+    ) -> None:
+        """On CUDA, float32: every family preset's tokens on every path equal transformers'
+        on the GPU."""
+        if not torch.cuda.is_available():
+            pytest.skip("CUDA is not available on this machine")
+        if "cuda" not in backend.capabilities:
+            pytest.skip(f"backend {backend.name!r} does not declare 'cuda'")
+        for preset in FAMILY:
+            prompts = golden_prompts(FAMILY_PRESETS[preset].vocab)
+            expected = golden_checkpoints.expected(preset, "float32", "cuda")
+            for mode, page_size in PATHS:
+                engine, _ = model_engine(
+                    backend,
+                    golden_checkpoints.path(preset),
+                    page_size=page_size,
+                    mode=mode,
+                    device="cuda",
+                )
+                got = greedy_outputs(engine, prompts)
+                where = (preset, "float32", "cuda")
+                assert_same_tokens(got, expected, prompts, golden_checkpoints, where)

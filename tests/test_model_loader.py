@@ -259,7 +259,7 @@ def test_missing_field_is_named(untied: Path, tmp_path: Path, field: str) -> Non
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4.0}}, "dynamic"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4}}, "dynamic"),
         (
             {"rope_parameters": None, "rope_theta": 1e6, "rope_scaling": {"type": "longrope"}},
             "rope_scaling.rope_type",

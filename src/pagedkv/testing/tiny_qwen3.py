@@ -140,7 +140,7 @@ PRESETS: dict[str, TinySpec] = {
 #: ``original_max_position_embeddings`` here (32 or 24).
 FAMILY_PRESETS: dict[str, TinySpec] = {
     # MoE, every layer sparse, top-2 of 8 renormalised
-    "moe-top2-norm": TinySpec(experts=8, experts_per_tok=2, norm_topk_prob=True, seed=22),
+    "moe-top2-norm": TinySpec(experts=8, experts_per_tok=2, norm_topk_prob=True, seed=37),
     # MoE mixing dense and sparse layers: step 2 makes layers 1 and 3 sparse, mlp_only_layers
     # forces 3 dense again; top-3 of 6 not renormalised; tied, one KV head, head_dim 24
     "moe-mixed-dense": TinySpec(
@@ -182,7 +182,7 @@ FAMILY_PRESETS: dict[str, TinySpec] = {
             ("truncate", False),
         ),
         max_position_embeddings=192,
-        seed=14,
+        seed=31,
     ),
     # linear position interpolation x2
     "linear": TinySpec(
