@@ -15,6 +15,7 @@ from pagedkv.cli_engine import (
     wrap,
 )
 from pagedkv.errors import InvalidRequest
+from pagedkv.server.reasoning import REASONING_PARSERS
 
 #: Default bound of a request body, bytes (as ``pagedkv.server.app.DEFAULT_MAX_BODY_BYTES``).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -63,6 +64,14 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         help=f"larger request bodies are refused with 413 (default {DEFAULT_MAX_BODY_BYTES})",
     )
     http.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help="split chat replies' thinking into reasoning_content, streamed as its own "
+        "deltas (qwen3: <think>...</think>, as vLLM's); the tokenizer must have the think "
+        "tokens",
+    )
+    http.add_argument(
         "--log-level",
         choices=("critical", "error", "warning", "info", "debug"),
         default="info",
@@ -89,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or (
         DEFAULT_MODEL_NAME if args.model is None else model_dir.resolve().name
     )
-    app = create_app(engine, name, args.max_body_bytes)
+    app = create_app(engine, name, args.max_body_bytes, reasoning_parser_name=args.reasoning_parser)
     print(f"pagedkv: serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -14,13 +14,20 @@ from pagedkv.errors import InvalidRequest
 from pagedkv.server.async_engine import AsyncEngine
 from pagedkv.server.errors import install_error_handlers
 from pagedkv.server.limits import BodySizeLimit
+from pagedkv.server.reasoning import reasoning_parser
 from pagedkv.server.routes import ServerState, router
 
 #: Default bound of a request body, bytes.
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 
-def create_app(engine: LLMEngine, model_name: str, max_body_bytes: int) -> FastAPI:
+def create_app(
+    engine: LLMEngine,
+    model_name: str,
+    max_body_bytes: int,
+    *,
+    reasoning_parser_name: str | None = None,
+) -> FastAPI:
     """An OpenAI-compatible app serving ``engine`` as the model ``model_name``.
 
     The engine is owned by a background thread from the app's startup to its shutdown (the
@@ -31,14 +38,22 @@ def create_app(engine: LLMEngine, model_name: str, max_body_bytes: int) -> FastA
         engine: a freshly built engine with no requests.
         model_name: the name requests must give as ``model``.
         max_body_bytes: larger request bodies are answered 413; at least 1.
+        reasoning_parser_name: a reasoning parser (``qwen3``) splitting chat replies into
+            ``reasoning_content`` and ``content``, or ``None``.
 
     Raises:
-        InvalidRequest: ``max_body_bytes`` < 1 or an empty ``model_name``.
+        InvalidRequest: ``max_body_bytes`` < 1, an empty ``model_name``, or a reasoning parser
+            that is unknown or that the model's tokenizer cannot support.
     """
     if max_body_bytes < 1:
         raise InvalidRequest(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     if not model_name:
         raise InvalidRequest("model_name must not be empty")
+    reasoning = (
+        None
+        if reasoning_parser_name is None
+        else reasoning_parser(reasoning_parser_name, engine.tokenizer)
+    )
     bridge = AsyncEngine(engine)
 
     @asynccontextmanager
@@ -50,7 +65,9 @@ def create_app(engine: LLMEngine, model_name: str, max_body_bytes: int) -> FastA
             bridge.shutdown()
 
     app = FastAPI(title="pagedkv", version=__version__, lifespan=lifespan)
-    app.state.server = ServerState(engine=bridge, model_name=model_name, created=int(time.time()))
+    app.state.server = ServerState(
+        engine=bridge, model_name=model_name, created=int(time.time()), reasoning=reasoning
+    )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
     app.include_router(router)
