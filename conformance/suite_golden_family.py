@@ -10,12 +10,14 @@ RoPE. The reference is transformers' greedy ``generate`` (eager attention, eager
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
 from pagedkv.engine.config import CacheMode
 from pagedkv.engine.llm import run_to_completion
+from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.errors import RequestTooLong
 from pagedkv.interfaces import Backend
@@ -25,7 +27,6 @@ from .golden_harness import (
     NEW_TOKENS,
     GoldenCheckpoints,
     golden_prompts,
-    greedy_outputs,
     hf_greedy,
     model_engine,
 )
@@ -40,6 +41,45 @@ SERVED_POSITIONS = {"yarn": 128, "moe-yarn-mscale": 192, "linear": 128, "llama3"
 PREFIX_LENGTH = 21
 #: Tokens generated from each prompt sharing that prefix.
 PREFIX_NEW_TOKENS = 24
+
+
+def generate(
+    backend: Backend,
+    checkpoints: GoldenCheckpoints,
+    preset: str,
+    prompts: list[list[int]],
+    device: str,
+    *,
+    waves: tuple[int, ...] | None = None,
+    max_tokens: int = NEW_TOKENS,
+    mode: CacheMode = "v1",
+    page_size: int,
+    **options: Any,
+) -> list[RequestOutput]:
+    """Greedy outputs (EOS ignored) of ``prompts`` on one engine of the backend, added in
+    ``waves`` (counts of prompts run to completion one after the other; default all at once);
+    ``options`` are further ``EngineConfig`` fields."""
+    engine, _ = model_engine(
+        backend, checkpoints.path(preset), page_size=page_size, mode=mode, device=device, **options
+    )
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    outputs: list[RequestOutput] = []
+    for size in waves or (len(prompts),):
+        outputs += run_to_completion(engine, prompts[len(outputs) : len(outputs) + size], params)
+    return outputs
+
+
+def assert_tokens(
+    outputs: list[RequestOutput],
+    expected: list[list[int]],
+    prompts: list[list[int]],
+    checkpoints: GoldenCheckpoints,
+    preset: str,
+    device: str,
+) -> None:
+    """The outputs' tokens are transformers' (float32), as :func:`assert_same_tokens`."""
+    got = [list(o.token_ids) for o in outputs]
+    assert_same_tokens(got, expected, prompts, checkpoints, (preset, "float32", device))
 
 
 @pytest.mark.requires("model")
@@ -65,18 +105,12 @@ class GoldenFamilySuite:
         model_device: str,
     ) -> None:
         prompts = golden_prompts(FAMILY_PRESETS[preset].vocab)
-        engine, _ = model_engine(
-            backend,
-            golden_checkpoints.path(preset),
-            page_size=page_size,
-            mode=mode,
-            device=model_device,
+        checkpoints = golden_checkpoints
+        outputs = generate(
+            backend, checkpoints, preset, prompts, model_device, mode=mode, page_size=page_size
         )
-        got = greedy_outputs(engine, prompts)
         expected = golden_checkpoints.expected(preset, "float32", model_device)
-        assert_same_tokens(
-            got, expected, prompts, golden_checkpoints, (preset, "float32", model_device)
-        )
+        assert_tokens(outputs, expected, prompts, golden_checkpoints, preset, model_device)
 
     @pytest.mark.spec("GLD-051")
     @pytest.mark.parametrize("preset", [*MOE, "yarn"])
@@ -97,23 +131,21 @@ class GoldenFamilySuite:
         prompts = [prefix + tail[:7] for tail in golden_prompts(vocab, seed=4)]
         reference = golden_checkpoints.reference(preset, "float32", model_device)
         expected = hf_greedy(reference, prompts, PREFIX_NEW_TOKENS)
-        params = SamplingParams(max_tokens=PREFIX_NEW_TOKENS, temperature=0.0, ignore_eos=True)
         for page_size in (16, 5):
-            engine, _ = model_engine(
+            outputs = generate(
                 backend,
-                golden_checkpoints.path(preset),
+                golden_checkpoints,
+                preset,
+                prompts,
+                model_device,
+                waves=(1, len(prompts) - 1),
+                max_tokens=PREFIX_NEW_TOKENS,
                 page_size=page_size,
-                mode="v1",
-                device=model_device,
                 max_num_batched_tokens=24,
             )
-            first = run_to_completion(engine, prompts[:1], params)
-            rest = run_to_completion(engine, prompts[1:], params)
-            got = [list(o.token_ids) for o in first + rest]
-            where = (preset, "float32", model_device)
-            assert_same_tokens(got, expected, prompts, golden_checkpoints, where)
+            assert_tokens(outputs, expected, prompts, golden_checkpoints, preset, model_device)
             full_pages = PREFIX_LENGTH // page_size * page_size
-            assert all(o.metrics.cached_tokens >= full_pages for o in rest), page_size
+            assert all(o.metrics.cached_tokens >= full_pages for o in outputs[1:]), page_size
 
     @pytest.mark.spec("GLD-052")
     @pytest.mark.parametrize("preset", [*MOE, "yarn"])
@@ -127,21 +159,11 @@ class GoldenFamilySuite:
         """A pool too small for the whole batch: requests are preempted and recomputed, and
         every generation still equals transformers'."""
         prompts = golden_prompts(FAMILY_PRESETS[preset].vocab)
-        engine, _ = model_engine(
-            backend,
-            golden_checkpoints.path(preset),
-            page_size=5,
-            mode="v1",
-            device=model_device,
-            num_pages=16,
+        outputs = generate(
+            backend, golden_checkpoints, preset, prompts, model_device, page_size=5, num_pages=16
         )
-        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-        outputs = run_to_completion(engine, prompts, params)
         expected = golden_checkpoints.expected(preset, "float32", model_device)
-        got = [list(o.token_ids) for o in outputs]
-        assert_same_tokens(
-            got, expected, prompts, golden_checkpoints, (preset, "float32", model_device)
-        )
+        assert_tokens(outputs, expected, prompts, golden_checkpoints, preset, model_device)
         assert sum(o.metrics.preemptions for o in outputs) > 0
 
     @pytest.mark.spec("GLD-053")
@@ -176,14 +198,8 @@ class GoldenFamilySuite:
         for preset in FAMILY:
             prompts = golden_prompts(FAMILY_PRESETS[preset].vocab)
             expected = golden_checkpoints.expected(preset, "float32", "cuda")
-            for mode, page_size in PATHS:
-                engine, _ = model_engine(
-                    backend,
-                    golden_checkpoints.path(preset),
-                    page_size=page_size,
-                    mode=mode,
-                    device="cuda",
+            for mode, ps in PATHS:
+                outputs = generate(
+                    backend, golden_checkpoints, preset, prompts, "cuda", mode=mode, page_size=ps
                 )
-                got = greedy_outputs(engine, prompts)
-                where = (preset, "float32", "cuda")
-                assert_same_tokens(got, expected, prompts, golden_checkpoints, where)
+                assert_tokens(outputs, expected, prompts, golden_checkpoints, preset, "cuda")

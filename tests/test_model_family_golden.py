@@ -18,12 +18,17 @@ from test_model_golden_logits import (
     FP32_ATOL,
     Case,
     PagedRun,
+    check_chunked_prefill_mixed_with_decodes,
+    check_v1_prefill_then_first_decode,
     every_row,
     make_case,
     max_diff,
     per_position_reference,
     run,
     v0_plan,
+)
+from test_model_golden_logits import (
+    prompts_for as dense_prompts_for,
 )
 
 from pagedkv.model.loader import load_model
@@ -36,7 +41,6 @@ from pagedkv.testing.tiny_qwen3 import (
     min_top2_margin,
     model_device,
     one_torch_thread,
-    reference_logits,
 )
 from pagedkv_conformance.golden_harness import NEW_TOKENS, golden_prompts, hf_greedy
 
@@ -57,8 +61,7 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 def prompts_for(vocab: int, seed: int = 0) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+    return dense_prompts_for(vocab, seed, PROMPT_LENGTHS)
 
 
 @pytest.fixture(scope="module")
@@ -93,34 +96,13 @@ def test_v0_logits_at_every_position(family: Case) -> None:
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_v1_prefill_then_decode_past_the_original_context(family: Case, page_size: int) -> None:
     prompts = prompts_for(family.ours.config.vocab_size)
-    paged = PagedRun(family.ours, page_size, family.device)
-    prefill = paged.step(list(enumerate(prompts)), all_rows=True)
-    assert max_diff(prefill, per_position_reference(family, prompts)) <= FP32_ATOL
-    next_tokens = [int(reference_logits(family.reference, p)[-1].argmax()) for p in prompts]
-    decode = paged.step([(s, [t]) for s, t in enumerate(next_tokens)])
-    expected = torch.stack(
-        [
-            reference_logits(family.reference, [*p, t])[-1].cpu()
-            for p, t in zip(prompts, next_tokens, strict=True)
-        ]
-    )
-    assert max_diff(decode, expected) <= FP32_ATOL
+    check_v1_prefill_then_first_decode(family, prompts, page_size)
 
 
 @pytest.mark.spec("GLD-032", "GLD-041")
 def test_v1_chunked_prefill_mixed_with_decode_tokens(family: Case) -> None:
     prompts = prompts_for(family.ours.config.vocab_size, seed=1)
-    long, short = prompts[2], prompts[3]  # 60 and 7 tokens
-    paged = PagedRun(family.ours, 5, family.device)
-    paged.step([(1, short)])
-    first = paged.step([(0, long[:33]), (1, [long[0]])], all_rows=True)
-    second = paged.step([(1, [long[1]]), (0, long[33:])], all_rows=True)
-    reference_long = reference_logits(family.reference, long).cpu()
-    reference_short = reference_logits(family.reference, [*short, *long[:2]]).cpu()
-    assert max_diff(first[:33], reference_long[:33]) <= FP32_ATOL
-    assert max_diff(first[33:], reference_short[-2:-1]) <= FP32_ATOL
-    assert max_diff(second[:1], reference_short[-1:]) <= FP32_ATOL
-    assert max_diff(second[1:], reference_long[33:]) <= FP32_ATOL
+    check_chunked_prefill_mixed_with_decodes(family, prompts[2], prompts[3], 33)  # 60, 7 tokens
 
 
 @pytest.mark.spec("GLD-032", "GLD-041")
