@@ -87,7 +87,8 @@ class GoldenFamilySuite:
     """specs/golden.md GLD-050..: MoE and scaled-RoPE checkpoints through the engine."""
 
     @pytest.fixture(autouse=True, scope="class")
-    def _one_torch_thread(self) -> Iterator[None]:
+    @classmethod
+    def _one_torch_thread(cls) -> Iterator[None]:
         """Tiny models: one intra-op thread is faster, and much faster on a loaded machine."""
         with one_torch_thread():
             yield
