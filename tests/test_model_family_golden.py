@@ -187,7 +187,7 @@ def test_batched_experts_equal_the_per_token_sum(dtype: torch.dtype) -> None:
 
     gen = torch.Generator().manual_seed(0)
     moe = MoeConfig(num_experts=5, num_experts_per_tok=3, moe_intermediate_size=8)
-    experts = Qwen3MoeExperts(12, moe).to(dtype)
+    experts = Qwen3MoeExperts(12, moe).to(dtype).requires_grad_(False)
     with torch.no_grad():
         for param in experts.parameters():
             param.copy_(torch.randn(param.shape, generator=gen) / param.shape[-1] ** 0.5)
