@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -97,8 +97,13 @@ class LLM:
         params: SamplingParams | None = None,
         *,
         use_tqdm: bool = True,
+        chat_template_kwargs: Mapping[str, object] | None = None,
     ) -> list[RequestOutput]:
-        """Generate the assistant's reply to each conversation, through the chat template."""
+        """Generate the assistant's reply to each conversation, through the chat template.
+
+        ``chat_template_kwargs`` are further template variables, e.g. ``{"enable_thinking":
+        False}`` for Qwen3; a key the template does not read raises ``InvalidRequest``.
+        """
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise InvalidRequest("chat needs a model directory with a tokenizer")
@@ -106,7 +111,7 @@ class LLM:
             batch: list[Sequence[Message]] = [conversations]  # type: ignore[list-item]
         else:
             batch = list(conversations)  # type: ignore[arg-type]
-        prompts = [tokenizer.apply_chat_template(c) for c in batch]
+        prompts = [tokenizer.apply_chat_template(c, chat_template_kwargs) for c in batch]
         return self.generate(prompts, params, use_tqdm=use_tqdm)
 
 

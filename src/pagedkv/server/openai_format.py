@@ -8,6 +8,7 @@ from pagedkv.engine.outputs import RequestOutput, TokenLogprobs
 from pagedkv.engine.params import SamplingParams
 from pagedkv.server.async_engine import PromptInput, StreamItem
 from pagedkv.server.protocol import (
+    AssistantMessage,
     ChoiceLogprobs,
     CompletionLogprobs,
     PromptTokensDetails,
@@ -16,6 +17,7 @@ from pagedkv.server.protocol import (
     TopLogprob,
     Usage,
 )
+from pagedkv.server.reasoning import ReasoningParser
 
 
 def sampling_params(
@@ -56,6 +58,14 @@ def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]]) ->
 def finish_reason(output: RequestOutput) -> str | None:
     """OpenAI's ``finish_reason``: ``stop``, ``length`` (``abort`` never reaches a client)."""
     return None if output.finish_reason is None else str(output.finish_reason)
+
+
+def assistant_message(output: RequestOutput, reasoning: ReasoningParser | None) -> AssistantMessage:
+    """The reply of a final output; a reasoning parser splits its thinking from its content."""
+    if reasoning is None:
+        return AssistantMessage(content=output.text)
+    split = reasoning.split(output.text, output.prompt_token_ids)
+    return AssistantMessage(content=split.content, reasoning_content=split.reasoning)
 
 
 def usage(outputs: Iterable[RequestOutput]) -> Usage:

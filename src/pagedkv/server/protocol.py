@@ -7,7 +7,7 @@ Only the fields pagedkv implements are declared; unknown request fields (``user`
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -98,9 +98,13 @@ class ChatCompletionRequest(SamplingFields):
             the rest of the model's context.
         logprobs: return the chosen tokens' log-probabilities.
         top_logprobs: with ``logprobs``, also the this many most likely tokens per position.
+        chat_template_kwargs: further variables of the chat template, e.g.
+            ``{"enable_thinking": false}`` for Qwen3; a key the template does not read is
+            refused with 400.
     """
 
     messages: list[ChatMessage] = Field(min_length=1)
+    chat_template_kwargs: dict[str, Any] | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
@@ -170,8 +174,12 @@ class ChoiceLogprobs(BaseModel):
 
 
 class AssistantMessage(BaseModel):
+    """The reply; with a reasoning parser, its thinking is in ``reasoning_content`` (``None``
+    when it did not think) and ``content`` is ``None`` when nothing followed the thinking."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = None
 
 
 class ChatChoice(BaseModel):
@@ -193,6 +201,7 @@ class ChatCompletionResponse(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(BaseModel):

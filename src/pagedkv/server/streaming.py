@@ -28,6 +28,7 @@ from pagedkv.server.protocol import (
     Delta,
     ErrorResponse,
 )
+from pagedkv.server.reasoning import ReasoningParser, ReasoningSplitter
 
 #: The event that ends every stream.
 DONE = "data: [DONE]\n\n"
@@ -117,10 +118,13 @@ async def chat_events(
     model: str,
     logprobs: bool,
     include_usage: bool,
+    reasoning: ReasoningParser | None = None,
 ) -> AsyncIterator[str]:
-    """``chat.completion.chunk`` events: the assistant role first, then content deltas, the
-    finish reason with the last delta, usage when asked, and ``[DONE]``."""
+    """``chat.completion.chunk`` events: the assistant role first, then content deltas (with a
+    reasoning parser, reasoning deltas apart from content ones), the finish reason with the
+    last delta, usage when asked, and ``[DONE]``."""
     finals: dict[int, RequestOutput] = {}
+    splitters: dict[int, ReasoningSplitter] = {}
 
     def chunk(choices: list[ChatChunkChoice], final: bool = False) -> str:
         body = ChatCompletionChunk(id=response_id, created=created, model=model, choices=choices)
@@ -138,12 +142,16 @@ async def chat_events(
         async for item in stream:
             output = item.output
             entries = new_logprobs(output) if logprobs else ()
-            if not output.new_text and not output.finished and not entries:
+            if reasoning is None:
+                delta = Delta(content=output.new_text)
+            else:
+                if item.index not in splitters:
+                    splitters[item.index] = reasoning.splitter(output.prompt_token_ids)
+                delta = _split_delta(splitters[item.index], output)
+            if not (delta.content or delta.reasoning_content or output.finished or entries):
                 continue
             choice = ChatChunkChoice(
-                index=item.index,
-                delta=Delta(content=output.new_text),
-                finish_reason=finish_reason(output),
+                index=item.index, delta=delta, finish_reason=finish_reason(output)
             )
             if logprobs:
                 choice.logprobs = chat_logprobs(entries, item.token_texts)
@@ -155,3 +163,13 @@ async def chat_events(
     except PagedKVError as exc:
         yield _error_event(exc)
     yield DONE
+
+
+def _split_delta(splitter: ReasoningSplitter, output: RequestOutput) -> Delta:
+    """The delta of one step's new text, split into reasoning and content (held-back text is
+    released when the output finishes)."""
+    reasoning, content = splitter.feed(output.new_text)
+    if output.finished:
+        tail_reasoning, tail_content = splitter.finish()
+        reasoning, content = reasoning + tail_reasoning, content + tail_content
+    return Delta(content=content or None, reasoning_content=reasoning or None)
