@@ -7,10 +7,10 @@ import torch
 
 from pagedkv.backend import reference_backend
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import GREEDY_TEMPERATURE, SamplingParams
 from pagedkv.engine.sampler import sample
+from pagedkv.interfaces import Engine
 from pagedkv.plan import StepPlan
 from pagedkv.testing.hash_runner import HashRunner
 
@@ -26,7 +26,7 @@ class RaisedLogitsRunner(HashRunner):
         return super().execute(plan) + 40.0
 
 
-def engine() -> LLMEngine:
+def engine() -> Engine:
     runner = RaisedLogitsRunner(VOCAB, num_pages=CONFIG.num_pages, page_size=CONFIG.page_size)
     return reference_backend().create_engine(runner, CONFIG)
 

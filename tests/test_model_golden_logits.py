@@ -65,9 +65,11 @@ class Case:
     device: str
 
 
-def prompts_for(vocab: int, seed: int = 0) -> list[list[int]]:
+def prompts_for(
+    vocab: int, seed: int = 0, lengths: tuple[int, ...] = PROMPT_LENGTHS
+) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
 @pytest.fixture(scope="module")
@@ -183,10 +185,10 @@ def test_v0_default_logits_are_each_sequences_last_row(case: Case) -> None:
     assert max_diff(ours, expected) <= FP32_ATOL
 
 
-@pytest.mark.spec("GLD-011", "GLD-012")
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_v1_ragged_prefill_then_first_decode_step(case: Case, page_size: int) -> None:
-    prompts = prompts_for(case.ours.config.vocab_size)
+def check_v1_prefill_then_first_decode(
+    case: Case, prompts: list[list[int]], page_size: int
+) -> None:
+    """A v1 prefill of ``prompts`` in one plan, then one decode token each, within tolerance."""
     paged = PagedRun(case.ours, page_size, case.device)
     prefill = paged.step(list(enumerate(prompts)), all_rows=True)
     assert max_diff(prefill, per_position_reference(case, prompts)) <= FP32_ATOL
@@ -202,6 +204,12 @@ def test_v1_ragged_prefill_then_first_decode_step(case: Case, page_size: int) ->
     assert max_diff(decode, expected) <= FP32_ATOL
 
 
+@pytest.mark.spec("GLD-011", "GLD-012")
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_v1_ragged_prefill_then_first_decode_step(case: Case, page_size: int) -> None:
+    check_v1_prefill_then_first_decode(case, prompts_for(case.ours.config.vocab_size), page_size)
+
+
 @pytest.mark.spec("GLD-012")
 def test_v0_first_decode_step_recomputes_the_whole_sequence(case: Case) -> None:
     prompts = prompts_for(case.ours.config.vocab_size)
@@ -211,21 +219,28 @@ def test_v0_first_decode_step_recomputes_the_whole_sequence(case: Case) -> None:
     assert max_diff(ours, expected) <= FP32_ATOL
 
 
+def check_chunked_prefill_mixed_with_decodes(
+    case: Case, long: list[int], short: list[int], split: int
+) -> None:
+    """``long`` prefilled in two chunks (``split`` positions, then the rest, starting mid-page
+    of 5), each sharing its step with a decode token of ``short``; all within tolerance."""
+    paged = PagedRun(case.ours, 5, case.device)
+    paged.step([(1, short)])
+    first = paged.step([(0, long[:split]), (1, [long[0]])], all_rows=True)
+    second = paged.step([(1, [long[1]]), (0, long[split:])], all_rows=True)
+    reference_long = reference_logits(case.reference, long).cpu()
+    reference_short = reference_logits(case.reference, [*short, *long[:2]]).cpu()
+    assert max_diff(first[:split], reference_long[:split]) <= FP32_ATOL
+    assert max_diff(first[split:], reference_short[-2:-1]) <= FP32_ATOL
+    assert max_diff(second[:1], reference_short[-1:]) <= FP32_ATOL
+    assert max_diff(second[1:], reference_long[split:]) <= FP32_ATOL
+
+
 @pytest.mark.spec("GLD-013")
 def test_v1_chunked_prefill_mixed_with_decode_tokens(case: Case) -> None:
     """Prompts computed over several steps, chunks sharing steps with other sequences' decodes."""
     prompts = prompts_for(case.ours.config.vocab_size, seed=1)
-    long, short = prompts[2], prompts[3]  # 32 and 7 tokens
-    paged = PagedRun(case.ours, 5, case.device)
-    paged.step([(1, short)])
-    first = paged.step([(0, long[:11]), (1, [long[0]])], all_rows=True)
-    second = paged.step([(1, [long[1]]), (0, long[11:])], all_rows=True)
-    reference_long = reference_logits(case.reference, long).cpu()
-    reference_short = reference_logits(case.reference, [*short, *long[:2]]).cpu()
-    assert max_diff(first[:11], reference_long[:11]) <= FP32_ATOL
-    assert max_diff(first[11:], reference_short[-2:-1]) <= FP32_ATOL
-    assert max_diff(second[:1], reference_short[-1:]) <= FP32_ATOL
-    assert max_diff(second[1:], reference_long[11:]) <= FP32_ATOL
+    check_chunked_prefill_mixed_with_decodes(case, prompts[2], prompts[3], 11)  # 32, 7 tokens
 
 
 @pytest.mark.spec("GLD-014")

@@ -1,4 +1,4 @@
-"""Every request field of both endpoints honored or refused (specs/serving.md SRV-090..093),
+"""Every request field of both endpoints honored or refused (specs/serving.md SRV-100..103),
 and parallel sampling over HTTP (SRV-006).
 
 :data:`HONORED` holds, for every honored field of both request models, a check that the field
@@ -352,6 +352,14 @@ def check_cache_salt(s: Served, e: str) -> None:
     assert other["cached_tokens"] == 0
 
 
+def check_chat_template_kwargs(s: Served, e: str) -> None:
+    """Variables reach the template: one it does not read is refused naming the field (that a
+    variable it reads changes the prompt is tests/test_server_thinking.py's, SRV-093)."""
+    assert texts(s.ask(e, chat_template_kwargs={})) == texts(s.ask(e))
+    error = error_of(post_json_with(s, e, chat_template_kwargs={"no_such_variable": 1}), 400)
+    assert error["param"] == "chat_template_kwargs"
+
+
 SHARED: dict[str, Callable[[Served, str], None]] = {
     "model": check_model,
     "temperature": check_temperature,
@@ -385,11 +393,12 @@ HONORED: dict[str, dict[str, Callable[[Served, str], None]]] = {
         "messages": check_messages,
         "max_completion_tokens": check_max_completion_tokens,
         "top_logprobs": check_top_logprobs,
+        "chat_template_kwargs": check_chat_template_kwargs,
     },
 }
 
 
-@pytest.mark.spec("SRV-090")
+@pytest.mark.spec("SRV-100")
 @pytest.mark.parametrize("endpoint", sorted(ENDPOINTS))
 def test_every_field_is_honored_or_refused(endpoint: str) -> None:
     """The request model's fields are exactly the honored ones checked here and the refused
@@ -401,7 +410,7 @@ def test_every_field_is_honored_or_refused(endpoint: str) -> None:
     assert fields == honored | refused, (fields - honored - refused, honored | refused - fields)
 
 
-@pytest.mark.spec("SRV-090", "SRV-091")
+@pytest.mark.spec("SRV-100", "SRV-101")
 @pytest.mark.parametrize(
     ("endpoint", "field"), [(e, f) for e in sorted(HONORED) for f in sorted(HONORED[e])]
 )
@@ -409,7 +418,7 @@ def test_an_honored_field_changes_the_response(server: Served, endpoint: str, fi
     HONORED[endpoint][field](server, endpoint)
 
 
-@pytest.mark.spec("SRV-090")
+@pytest.mark.spec("SRV-100")
 @pytest.mark.parametrize("endpoint", sorted(ENDPOINTS))
 def test_a_refused_field_is_answered_400_naming_it(server: Served, endpoint: str) -> None:
     """Each refused field with a value is 400 naming it; with a neutral value it is accepted."""
@@ -448,7 +457,7 @@ def streamed(s: Served, endpoint: str, **fields: Any) -> dict[int, str]:
     return joined
 
 
-@pytest.mark.spec("SRV-092", "SRV-003")
+@pytest.mark.spec("SRV-102", "SRV-003")
 @pytest.mark.parametrize("endpoint", sorted(ENDPOINTS))
 def test_stream_equals_the_whole_text_across_a_split_stop(server: Served, endpoint: str) -> None:
     """The reproduction: stop ``path\\n\\ndef`` on ``def read(path):``, greedy."""
@@ -481,7 +490,7 @@ def test_parallel_choices_stream_like_they_return(server: Served, endpoint: str)
 # -- the model's defaults -------------------------------------------------------------------------
 
 
-@pytest.mark.spec("SRV-093")
+@pytest.mark.spec("SRV-103")
 def test_absent_fields_take_the_models_defaults(tmp_path: Path) -> None:
     model_dir = tiny_chat_model(tmp_path / "model")
     (model_dir / "generation_config.json").write_text(

@@ -22,6 +22,7 @@ from pagedkv.server.admission import (
     DEFAULT_MAX_WAITING_REQUESTS,
     AdmissionLimits,
 )
+from pagedkv.server.reasoning import REASONING_PARSERS
 
 #: Defaults of the HTTP flags, as in ``pagedkv.server.app`` and ``pagedkv.server.http`` (which
 #: import FastAPI and uvicorn: only loaded when serving, so that ``--help`` stays fast).
@@ -119,6 +120,14 @@ def _add_http_flags(parser: argparse.ArgumentParser) -> None:
         f"long, then abort them (default {DEFAULT_SHUTDOWN_TIMEOUT_S})",
     )
     http.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help="split chat replies' thinking into reasoning_content, streamed as its own "
+        "deltas (qwen3: <think>...</think>, as vLLM's); the tokenizer must have the think "
+        "tokens",
+    )
+    http.add_argument(
         "--log-level",
         choices=("critical", "error", "warning", "info", "debug"),
         default="info",
@@ -200,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         api_keys=api_keys,
         cache_salt_per_api_key=args.cache_salt_per_api_key,
         log_stats_interval_s=args.log_stats_interval or None,
+        reasoning_parser=args.reasoning_parser,
     )
     options = HTTPOptions(
         host=args.host,

@@ -8,7 +8,7 @@ A vLLM user's script runs unchanged (ENG-061): ``LLM()`` loads the embedded mode
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -160,8 +160,13 @@ class LLM:
         *,
         use_tqdm: bool = True,
         params: SamplingParams | None = None,
+        chat_template_kwargs: Mapping[str, object] | None = None,
     ) -> list[RequestOutput]:
-        """Generate the assistant's reply to each conversation, through the chat template."""
+        """Generate the assistant's reply to each conversation, through the chat template.
+
+        ``chat_template_kwargs`` are further template variables, e.g. ``{"enable_thinking":
+        False}`` for Qwen3; a key the template does not read raises ``InvalidRequest``.
+        """
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise InvalidRequest("chat needs a model directory with a tokenizer")
@@ -169,5 +174,5 @@ class LLM:
             batch: list[Sequence[Message]] = [messages]  # type: ignore[list-item]
         else:
             batch = list(messages)  # type: ignore[arg-type]
-        prompts = [tokenizer.apply_chat_template(c) for c in batch]
+        prompts = [tokenizer.apply_chat_template(c, chat_template_kwargs) for c in batch]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, params=params)

@@ -106,7 +106,7 @@ class ModelRunner:
 
     @property
     def max_positions(self) -> int:
-        return self.model.config.max_position_embeddings
+        return self.model.config.max_positions
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Logits ``[B, vocab]`` (float32, on the CPU) at each sequence's last scheduled row.

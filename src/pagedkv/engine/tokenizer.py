@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pagedkv.engine.chat_template import check_template_kwargs
 from pagedkv.engine.detokenizer import DecodeStep, DecodeStreamDecoder, WindowDecoder
 from pagedkv.errors import CheckpointError, InvalidRequest
 
@@ -58,14 +59,31 @@ class Tokenizer:
             return DecodeStreamDecoder(backend)
         return WindowDecoder(self.decode)
 
-    def apply_chat_template(self, messages: Sequence[Message]) -> list[int]:
-        """Token ids of a chat prompt ending with the assistant's turn opened."""
+    def apply_chat_template(
+        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+    ) -> list[int]:
+        """Token ids of a chat prompt ending with the assistant's turn opened.
+
+        ``template_kwargs`` are further template variables (Qwen3's ``enable_thinking``); a key
+        the template does not read, or one the renderer sets itself, raises
+        :class:`InvalidRequest` naming it.
+        """
         if not self.has_chat_template:
             raise InvalidRequest("this model's tokenizer has no chat template")
+        kwargs = dict(template_kwargs or {})
+        if kwargs:
+            template = self._tok.chat_template
+            sources = template.values() if isinstance(template, dict) else [template]
+            check_template_kwargs([str(t) for t in sources], kwargs)
         text = self._tok.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
+            list(messages), tokenize=False, add_generation_prompt=True, **kwargs
         )
         return self.encode(str(text))
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the single vocabulary token spelled ``text``, or ``None``."""
+        ids = self.encode(text)
+        return ids[0] if len(ids) == 1 else None
 
 
 def eos_token_ids(model_dir: str | Path) -> frozenset[int]:

@@ -1,4 +1,5 @@
-"""The Qwen3 decoder-only language model, run one :class:`~pagedkv.plan.StepPlan` at a time.
+"""The Qwen3 (dense and MoE) decoder-only language model, run one
+:class:`~pagedkv.plan.StepPlan` at a time.
 
 The module tree mirrors the Hugging Face checkpoint so parameter names match its tensor names
 one to one (``model.layers.3.self_attn.q_proj.weight``, ``lm_head.weight``, ...). The model reads
@@ -15,18 +16,28 @@ from torch import nn
 
 from pagedkv.model.attention import Qwen3Attention
 from pagedkv.model.config import ModelConfig
-from pagedkv.model.layers import RMSNorm, RotaryEmbedding, SwiGLUMLP
+from pagedkv.model.layers import RMSNorm, SwiGLUMLP
+from pagedkv.model.moe import Qwen3MoeSparseBlock
+from pagedkv.model.rope import RotaryEmbedding
 from pagedkv.model.step_attention import StepAttention
 from pagedkv.plan import StepPlan
 
 
 class Qwen3DecoderLayer(nn.Module):
-    """Pre-norm residual block: ``h += attn(norm(h)); h += mlp(norm(h))``."""
+    """Pre-norm residual block: ``h += attn(norm(h)); h += mlp(norm(h))``.
+
+    The MLP is the sparse MoE block on a Qwen3-MoE model's sparse layers
+    (:meth:`~pagedkv.model.config.MoeConfig.is_sparse`), the dense SwiGLU MLP elsewhere.
+    """
 
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.self_attn = Qwen3Attention(config, layer)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        self.mlp: nn.Module = (
+            Qwen3MoeSparseBlock(config.hidden_size, config.moe)
+            if config.moe is not None and config.moe.is_sparse(layer)
+            else SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -69,7 +80,7 @@ class Qwen3ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = Qwen3Model(config)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         self.lm_head: nn.Linear | None = (
             None
             if config.tie_word_embeddings

@@ -22,6 +22,7 @@ from pagedkv.server.auth import ApiKeyAuth
 from pagedkv.server.errors import install_error_handlers
 from pagedkv.server.limits import BodySizeLimit
 from pagedkv.server.metrics import ServingMetrics
+from pagedkv.server.reasoning import reasoning_parser
 from pagedkv.server.routes import ServerState, router
 from pagedkv.server.stats_log import log_throughput, startup_summary
 from pagedkv.server.tokenize import router as tokenize_router
@@ -45,12 +46,15 @@ class ServerConfig:
         cache_salt_per_api_key: give each API key its own prefix-cache namespace; needs
             ``api_keys``.
         log_stats_interval_s: seconds between throughput lines in the log; ``None`` for none.
+        reasoning_parser: a reasoning parser (``qwen3``) splitting chat replies into
+            ``reasoning_content`` and ``content``, or ``None``.
     """
 
     limits: AdmissionLimits = field(default_factory=AdmissionLimits)
     api_keys: tuple[str, ...] = ()
     cache_salt_per_api_key: bool = False
     log_stats_interval_s: float | None = DEFAULT_LOG_STATS_INTERVAL_S
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         if self.cache_salt_per_api_key and not self.api_keys:
@@ -87,16 +91,23 @@ def create_app(
         engine: a freshly built engine with no requests.
         model_name: the name requests may give as ``model``.
         max_body_bytes: larger request bodies are answered 413; at least 1.
-        config: limits, authentication and logging (defaults when ``None``).
+        config: limits, authentication, logging and the reasoning parser (defaults when
+            ``None``).
 
     Raises:
-        InvalidRequest: ``max_body_bytes`` < 1 or an empty ``model_name``.
+        InvalidRequest: ``max_body_bytes`` < 1, an empty ``model_name``, or a reasoning parser
+            that is unknown or that the model's tokenizer cannot support.
     """
     if max_body_bytes < 1:
         raise InvalidRequest(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     if not model_name:
         raise InvalidRequest("model_name must not be empty")
     config = config or ServerConfig()
+    reasoning = (
+        None
+        if config.reasoning_parser is None
+        else reasoning_parser(config.reasoning_parser, engine.tokenizer)
+    )
     metrics = ServingMetrics(model_name, engine.max_model_len)
     bridge = AsyncEngine(engine, config.limits, observer=metrics.observe)
     metrics.watch_engine(bridge.stats)
@@ -129,7 +140,11 @@ def create_app(
 
     app = FastAPI(title="pagedkv", version=__version__, lifespan=lifespan)
     app.state.server = ServerState(
-        engine=bridge, model_name=model_name, created=int(time.time()), metrics=metrics
+        engine=bridge,
+        model_name=model_name,
+        created=int(time.time()),
+        metrics=metrics,
+        reasoning=reasoning,
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)

@@ -50,9 +50,11 @@ class EngineFailure(PagedKVError):
 
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
-    """A conversation, rendered through the tokenizer's chat template on the engine thread."""
+    """A conversation, rendered through the tokenizer's chat template on the engine thread,
+    with further template variables (``chat_template_kwargs``)."""
 
     messages: tuple[Message, ...]
+    template_kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
 
 #: What a request generates from: text, token ids, or a conversation.
@@ -458,7 +460,7 @@ class AsyncEngine:
         if tokenizer is None:
             raise InvalidRequest("this model has no tokenizer: send token ids")
         if isinstance(prompt, ChatPrompt):
-            return tokenizer.apply_chat_template(prompt.messages)
+            return tokenizer.apply_chat_template(prompt.messages, prompt.template_kwargs)
         return tokenizer.encode(prompt)
 
     def _detokenize(self, token_ids: Sequence[int], each: bool) -> list[str]:

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pagedkv.engine.chat_template import InvalidTemplateKwargs
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.errors import InvalidRequest, RequestTooLong
 from pagedkv.server.admission import DeadlineExceeded, QueueFull, TooManyPrompts
@@ -84,6 +85,8 @@ def invalid_request_error(exc: InvalidRequest) -> APIError:
         first = re.split(r"[\s,:]", message, maxsplit=1)[0]
         param = first if first in _SAMPLING_FIELDS else None
         return APIError(400, message, param=param, code="invalid_sampling_params")
+    if isinstance(exc, InvalidTemplateKwargs):
+        return APIError(400, message, param="chat_template_kwargs", code="invalid_request")
     return APIError(400, message, code="invalid_request")
 
 

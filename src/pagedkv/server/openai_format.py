@@ -9,6 +9,7 @@ from pagedkv.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.server.async_engine import PromptInput, StreamItem
 from pagedkv.server.protocol import (
+    AssistantMessage,
     ChoiceLogprobs,
     CompletionLogprobs,
     PromptLogprob,
@@ -19,6 +20,7 @@ from pagedkv.server.protocol import (
     TopLogprob,
     Usage,
 )
+from pagedkv.server.reasoning import ReasoningParser
 
 
 def logit_bias(bias: Mapping[str, float] | None) -> dict[int, float]:
@@ -94,6 +96,19 @@ def finish_reason(completion: CompletionOutput) -> str | None:
 def choice_index(prompt_index: int, n: int, completion: CompletionOutput) -> int:
     """A choice's index: prompt by prompt, ``n`` completions each (vLLM's order)."""
     return prompt_index * n + completion.index
+
+
+def assistant_message(
+    completion: CompletionOutput,
+    prompt_token_ids: Sequence[int],
+    reasoning: ReasoningParser | None,
+) -> AssistantMessage:
+    """The reply of a finished completion; a reasoning parser splits its thinking from its
+    content."""
+    if reasoning is None:
+        return AssistantMessage(content=completion.text)
+    split = reasoning.split(completion.text, prompt_token_ids)
+    return AssistantMessage(content=split.content, reasoning_content=split.reasoning)
 
 
 def usage(outputs: Iterable[RequestOutput]) -> Usage:

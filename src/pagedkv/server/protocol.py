@@ -1,6 +1,6 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
-Every declared request field is honored, or refused (SRV-090): a field made with
+Every declared request field is honored, or refused (SRV-100): a field made with
 :func:`refused` is declared so that a request using it is answered 400 naming it, unless it
 holds its neutral value (``tools: []``, ``response_format: {"type": "text"}``, ...). Unknown
 request fields (``user``, ...) are accepted, as OpenAI clients send some by default, kept in
@@ -46,7 +46,7 @@ class SamplingFields(_Request):
     """Sampling fields shared by both endpoints; ranges are checked by ``SamplingParams``.
 
     Absent sampling fields take the model's generation-config defaults, then OpenAI's
-    (SRV-093). ``n`` completions are returned per prompt, of ``best_of`` generated (the ``n``
+    (SRV-103). ``n`` completions are returned per prompt, of ``best_of`` generated (the ``n``
     of highest cumulative log-probability); their prompt is computed once (SRV-006).
 
     Attributes:
@@ -146,9 +146,13 @@ class ChatCompletionRequest(SamplingFields):
         logprobs: return the chosen tokens' log-probabilities.
         top_logprobs: with ``logprobs``, also this many most likely tokens per position
             (without ``logprobs`` it is refused, as vLLM does).
+        chat_template_kwargs: further variables of the chat template, e.g.
+            ``{"enable_thinking": false}`` for Qwen3; a key the template does not read is
+            refused with 400.
     """
 
     messages: list[ChatMessage] = Field(min_length=1)
+    chat_template_kwargs: dict[str, Any] | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
@@ -247,8 +251,12 @@ class ChoiceLogprobs(BaseModel):
 
 
 class AssistantMessage(BaseModel):
+    """The reply; with a reasoning parser, its thinking is in ``reasoning_content`` (``None``
+    when it did not think) and ``content`` is ``None`` when nothing followed the thinking."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = None
 
 
 class ChatChoice(BaseModel):
@@ -272,6 +280,7 @@ class ChatCompletionResponse(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(BaseModel):

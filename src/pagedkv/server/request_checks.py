@@ -3,7 +3,7 @@
 - Text must be valid Unicode: JSON may carry a lone surrogate (``"a\\ud800b"``), which Python
   keeps in a ``str`` but no tokenizer can encode. Such a field is refused with 400 naming it.
 - A declared field pagedkv does not implement (``tools``, ``response_format``, ...) is refused
-  with 400 naming it, unless it holds a neutral value that changes nothing (SRV-090).
+  with 400 naming it, unless it holds a neutral value that changes nothing (SRV-100).
 - Fields the server does not declare are accepted (OpenAI clients send some by default) but
   logged as a warning, as vLLM does, so that nothing is ignored silently.
 """

@@ -22,6 +22,7 @@ from pagedkv.server.errors import APIError
 from pagedkv.server.metrics import PROMETHEUS_CONTENT_TYPE, ServingMetrics
 from pagedkv.server.openai_format import (
     Collected,
+    assistant_message,
     chat_logprobs,
     completion_prompts,
     finish_reason,
@@ -30,7 +31,6 @@ from pagedkv.server.openai_format import (
     usage,
 )
 from pagedkv.server.protocol import (
-    AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -40,6 +40,7 @@ from pagedkv.server.protocol import (
     ModelList,
     SamplingFields,
 )
+from pagedkv.server.reasoning import ReasoningParser
 from pagedkv.server.request_checks import check_request
 from pagedkv.server.streaming import (
     ChoiceFormat,
@@ -65,12 +66,14 @@ class ServerState:
             means).
         created: Unix time (seconds) the app was created, reported by ``/v1/models``.
         metrics: the server's Prometheus metrics.
+        reasoning: the reasoning parser splitting chat replies, ``None`` for none.
     """
 
     engine: AsyncEngine
     model_name: str
     created: int
     metrics: ServingMetrics
+    reasoning: ReasoningParser | None = None
 
 
 router = APIRouter()
@@ -239,7 +242,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         max_tokens=1 if max_tokens is None else max_tokens,
         logprobs=top if body.logprobs else None,
     )
-    prompt = ChatPrompt(tuple({"role": m.role, "content": m.text} for m in body.messages))
+    prompt = ChatPrompt(
+        tuple({"role": m.role, "content": m.text} for m in body.messages),
+        body.chat_template_kwargs or {},
+    )
     stream = await state.engine.submit(
         [prompt],
         params,
@@ -259,6 +265,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             n=params.n,
             logprobs=body.logprobs,
             include_usage=include_usage,
+            reasoning=state.reasoning,
         )
         return EventStream(events, stream)
     collected = await collect(request, stream)
@@ -268,7 +275,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     choices = [
         ChatChoice(
             index=completion.index,
-            message=AssistantMessage(content=completion.text),
+            message=assistant_message(completion, output.prompt_token_ids, state.reasoning),
             logprobs=chat_logprobs(completion.logprobs or (), texts) if body.logprobs else None,
             finish_reason=finish_reason(completion),
             stop_reason=completion.stop_reason,

@@ -33,6 +33,7 @@ from pagedkv.server.protocol import (
     Delta,
     ErrorResponse,
 )
+from pagedkv.server.reasoning import ReasoningParser, ReasoningSplitter
 
 #: The event that ends every stream.
 DONE = "data: [DONE]\n\n"
@@ -190,12 +191,15 @@ async def chat_events(
     n: int,
     logprobs: bool,
     include_usage: bool,
+    reasoning: ReasoningParser | None = None,
 ) -> AsyncIterator[str]:
     """``chat.completion.chunk`` events: the assistant role of each of the ``n`` choices
-    first, then content deltas, each choice's finish reason with its last delta, usage when
-    asked, and ``[DONE]``."""
+    first, then content deltas (with a reasoning parser, reasoning deltas apart from content
+    ones), each choice's finish reason with its last delta, usage when asked, and
+    ``[DONE]``."""
     finals: dict[int, RequestOutput] = {}
     ended: set[int] = set()
+    splitters: dict[int, ReasoningSplitter] = {}
 
     def chunk(choices: list[ChatChunkChoice], final: bool = False) -> str:
         body = ChatCompletionChunk(id=response_id, created=created, model=model, choices=choices)
@@ -212,11 +216,18 @@ async def chat_events(
             for completion in output.outputs:
                 ending = completion.finished() and completion.index not in ended
                 entries = new_logprobs(completion) if logprobs else ()
-                if not completion.new_text and not ending and not entries:
+                if reasoning is None:
+                    delta = Delta(content=completion.new_text)
+                else:
+                    if completion.index not in splitters:
+                        splitter = reasoning.splitter(output.prompt_token_ids)
+                        splitters[completion.index] = splitter
+                    delta = _split_delta(splitters[completion.index], completion.new_text, ending)
+                if not (delta.content or delta.reasoning_content or ending or entries):
                     continue
                 body = ChatChunkChoice(
                     index=completion.index,
-                    delta=Delta(content=completion.new_text),
+                    delta=delta,
                     finish_reason=finish_reason(completion) if ending else None,
                     stop_reason=completion.stop_reason if ending else None,
                 )
@@ -232,3 +243,13 @@ async def chat_events(
     except PagedKVError as exc:
         yield _error_event(exc)
     yield DONE
+
+
+def _split_delta(splitter: ReasoningSplitter, new_text: str, finished: bool) -> Delta:
+    """The delta of one step's new text of a completion, split into reasoning and content
+    (held-back text is released when the completion finishes)."""
+    reasoning, content = splitter.feed(new_text)
+    if finished:
+        tail_reasoning, tail_content = splitter.finish()
+        reasoning, content = reasoning + tail_reasoning, content + tail_content
+    return Delta(content=content or None, reasoning_content=reasoning or None)
