@@ -139,3 +139,20 @@ def test_get_tokenizer_is_the_hugging_face_tokenizer(llm: LLM) -> None:
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     (chat,) = llm.chat(messages, GREEDY, use_tqdm=False)
     assert chat.prompt_token_ids == tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.spec("ENG-047", "PST-006")
+def test_samples_on_the_real_model_equal_their_solo_runs(llm: LLM) -> None:
+    """On the real model and its PagedStore, each of ``n=3`` samples (the prompt's partial
+    page copied for two of them) equals the prompt run alone with seed ``seed + i``."""
+    prompt = "def read_config(path):\n    with open(path) as f:\n"
+    assert len(llm.get_tokenizer().encode(prompt)) % 8 != 0  # a partial page to copy
+    params = SamplingParams(n=3, temperature=0.9, seed=41, max_tokens=10)
+    (out,) = llm.generate(prompt, params, use_tqdm=False)
+    solo = llm.generate(
+        [prompt] * 3,
+        [SamplingParams(temperature=0.9, seed=41 + i, max_tokens=10) for i in range(3)],
+        use_tqdm=False,
+    )
+    assert [c.token_ids for c in out.outputs] == [o.token_ids for o in solo]
+    assert len({c.token_ids for c in out.outputs}) > 1
