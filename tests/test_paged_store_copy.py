@@ -3,6 +3,8 @@ and the model runner makes a plan's copies before the step writes anything."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,37 +13,43 @@ from pagedkv.interfaces import StoreConfig
 from pagedkv.kv.paged_store import TorchPagedStore
 
 CONFIG = StoreConfig(num_layers=3, num_kv_heads=2, head_dim=4, page_size=4, num_pages=6)
+CUDA = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is false"
+)
 
 
-def filled_store() -> TorchPagedStore:
+def filled_store(device: str = "cpu") -> TorchPagedStore:
     """A store whose every slot of every layer holds distinct random K and V."""
-    store = TorchPagedStore(CONFIG)
-    slots = torch.arange(CONFIG.num_pages * CONFIG.page_size)
+    store = TorchPagedStore(dataclasses.replace(CONFIG, device=device))
+    slots = torch.arange(CONFIG.num_pages * CONFIG.page_size, device=device)
     generator = torch.Generator().manual_seed(0)
     for layer in range(CONFIG.num_layers):
         shape = (len(slots), CONFIG.num_kv_heads, CONFIG.head_dim)
-        key = torch.randn(shape, generator=generator)
-        value = torch.randn(shape, generator=generator)
+        key = torch.randn(shape, generator=generator).to(device)
+        value = torch.randn(shape, generator=generator).to(device)
         store.write(layer, slots, key, value)
     return store
 
 
 def pages(store: TorchPagedStore) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every page's K and V of every layer, ``[(key, value)]`` by page."""
+    """Every page's K and V of every layer, ``[(key, value)]`` by page, on the CPU."""
     size = CONFIG.page_size
     out = []
     for page in range(CONFIG.num_pages):
         slots = torch.arange(page * size, (page + 1) * size)
         reads = [store.read(layer, slots) for layer in range(CONFIG.num_layers)]
-        out.append((torch.stack([k for k, _ in reads]), torch.stack([v for _, v in reads])))
+        out.append(
+            (torch.stack([k for k, _ in reads]).cpu(), torch.stack([v for _, v in reads]).cpu())
+        )
     return out
 
 
 @pytest.mark.spec("PST-006")
-def test_copy_pages_copies_every_layer_and_nothing_else() -> None:
-    store = filled_store()
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_copy_pages_copies_every_layer_and_nothing_else(device: str) -> None:
+    store = filled_store(device)
     before = pages(store)
-    store.copy_pages(torch.tensor([1, 4]), torch.tensor([3, 0]))
+    store.copy_pages(torch.tensor([1, 4], device=device), torch.tensor([3, 0], device=device))
     after = pages(store)
     expected = {3: 1, 0: 4}
     for page in range(CONFIG.num_pages):
