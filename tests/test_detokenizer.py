@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -58,11 +58,16 @@ def reference(
 
 
 def run_steps(
-    tokenizer: Tokenizer, ids: Sequence[int], ends: Sequence[int], stops: Sequence[str]
+    tokenizer: Tokenizer,
+    ids: Sequence[int],
+    ends: Sequence[int],
+    stops: Sequence[str],
+    window: bool = False,
 ) -> tuple[list[str], str]:
-    """Feed ``ids`` step by step; the deltas released and the final text."""
+    """Feed ``ids`` step by step; the deltas released and the final text (``window``: with the
+    sliding-window decoder instead of ``DecodeStream``)."""
     detokenizer = IncrementalDetokenizer(
-        tokenizer.incremental_decoder(), SamplingParams(stop=tuple(stops))
+        tokenizer.incremental_decoder(window=window), SamplingParams(stop=tuple(stops))
     )
     deltas, start = [], 0
     for number, end in enumerate(ends, start=1):
@@ -89,22 +94,16 @@ def cases(draw: st.DrawFn, tokenizer: Tokenizer) -> tuple[list[int], list[int], 
     return ids, ends, stops
 
 
-@pytest.fixture(params=["DecodeStream", "window"])
-def decoder(request: pytest.FixtureRequest, tokenizer: Tokenizer) -> Iterator[Tokenizer]:
-    tokenizer.decode_stream = request.param == "DecodeStream"
-    yield tokenizer
-    tokenizer.decode_stream = True
-
-
 @pytest.mark.spec("ENG-070", "ENG-071")
-def test_deltas_add_up_to_the_final_text(decoder: Tokenizer) -> None:
+@pytest.mark.parametrize("window", [False, True], ids=["DecodeStream", "window"])
+def test_deltas_add_up_to_the_final_text(tokenizer: Tokenizer, window: bool) -> None:
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(case=cases(decoder))
+    @given(case=cases(tokenizer))
     def check(case: tuple[list[int], list[int], list[str]]) -> None:
         ids, ends, stops = case
-        deltas, final = run_steps(decoder, ids, ends, stops)
+        deltas, final = run_steps(tokenizer, ids, ends, stops, window)
         assert "".join(deltas) == final
-        assert final == reference(decoder, ids, ends, stops)
+        assert final == reference(tokenizer, ids, ends, stops)
         assert "\ufffd" not in "".join(deltas[:-1])  # no half character is ever released
 
     check()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from pagedkv.bench.checkpoints import Checkpoint
@@ -46,10 +47,11 @@ def full_decode(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
     return text
 
 
-def incremental(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
-    """The engine's detokenizer, one token per step, releasing text as a stream would."""
+def incremental(tokenizer: Tokenizer, ids: Sequence[int], window: bool = False) -> str:
+    """The engine's detokenizer, one token per step, releasing text as a stream would
+    (``window``: the sliding-window decoder instead of ``DecodeStream``)."""
     detokenizer = IncrementalDetokenizer(
-        tokenizer.incremental_decoder(), SamplingParams(stop=(STOP,))
+        tokenizer.incremental_decoder(window=window), SamplingParams(stop=(STOP,))
     )
     released = []
     for token in ids:
@@ -92,9 +94,7 @@ def run(ctx: BenchContext, checkpoint: Checkpoint) -> WorkloadResult:
             result.errors[f"{length}"] = "the incremental text differs from the full decode"
         before = timed(full_decode, tokenizer, ids)
         after = timed(incremental, tokenizer, ids)
-        tokenizer.decode_stream = False
-        window = timed(incremental, tokenizer, ids)
-        tokenizer.decode_stream = True
+        window = timed(partial(incremental, window=True), tokenizer, ids)
         ctx.log(f"detokenize: {length} tokens: {before:.3f} s -> {after:.4f} s")
         rows[str(length)] = {
             "full_decode_s": rounded(before),

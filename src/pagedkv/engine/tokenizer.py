@@ -25,9 +25,6 @@ class Tokenizer:
         if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
             raise CheckpointError(f"{path} has no tokenizer.json or tokenizer_config.json")
         self._tok: Any = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        #: Use ``tokenizers``' ``DecodeStream`` when the tokenizer is a fast one; tests turn it
-        #: off to exercise the window decoder on the same tokenizer.
-        self.decode_stream = True
 
     @property
     def has_chat_template(self) -> bool:
@@ -51,11 +48,11 @@ class Tokenizer:
         """The underlying Hugging Face tokenizer (what vLLM's ``get_tokenizer`` returns)."""
         return self._tok
 
-    def incremental_decoder(self) -> DecodeStep:
+    def incremental_decoder(self, *, window: bool = False) -> DecodeStep:
         """A fresh decoder of one token stream: O(1) work per token, special tokens skipped
-        (``DecodeStream`` for a fast tokenizer, a sliding window otherwise)."""
+        (``DecodeStream`` for a fast tokenizer; a sliding window otherwise, or when asked)."""
         backend = getattr(self._tok, "backend_tokenizer", None)
-        if backend is not None and self.decode_stream:
+        if backend is not None and not window:
             return DecodeStreamDecoder(backend)
         return WindowDecoder(self.decode)
 
