@@ -1,4 +1,4 @@
-"""Incremental detokenization and stop strings (specs/engine.md ENG-070, ENG-071).
+"""Incremental detokenization and stop strings (specs/engine.md ENG-090, ENG-091).
 
 The property: for any output tokens, stop strings and split of the tokens into steps, the
 released deltas add up to the final text, and the final text is the reference's: the full
@@ -94,7 +94,7 @@ def cases(draw: st.DrawFn, tokenizer: Tokenizer) -> tuple[list[int], list[int], 
     return ids, ends, stops
 
 
-@pytest.mark.spec("ENG-070", "ENG-071")
+@pytest.mark.spec("ENG-090", "ENG-091")
 @pytest.mark.parametrize("window", [False, True], ids=["DecodeStream", "window"])
 def test_deltas_add_up_to_the_final_text(tokenizer: Tokenizer, window: bool) -> None:
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -109,7 +109,7 @@ def test_deltas_add_up_to_the_final_text(tokenizer: Tokenizer, window: bool) -> 
     check()
 
 
-@pytest.mark.spec("ENG-071")
+@pytest.mark.spec("ENG-091")
 def test_only_a_possible_stop_string_is_held_back(tokenizer: Tokenizer) -> None:
     """Text ending with the start of a stop string waits; text that cannot become one is
     released at once."""
@@ -126,7 +126,7 @@ def test_only_a_possible_stop_string_is_held_back(tokenizer: Tokenizer) -> None:
     assert released[-1].endswith("path\n\nx"), released  # held until "x" decided
 
 
-@pytest.mark.spec("ENG-070")
+@pytest.mark.spec("ENG-090")
 def test_stop_tokens_min_tokens_and_included_stop_strings(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("one two three")
     keep = IncrementalDetokenizer(
@@ -144,7 +144,7 @@ def test_stop_tokens_min_tokens_and_included_stop_strings(tokenizer: Tokenizer) 
     assert dropped.text == tokenizer.decode(ids[:-1])
 
 
-@pytest.mark.spec("ENG-070", "ENG-043")
+@pytest.mark.spec("ENG-090", "ENG-043")
 def test_reproduction_stream_equals_final(llm: LLM) -> None:
     """Stop ``path\\n\\ndef``, prompt ``def read(path):``, greedy: the streamed deltas and
     the final text are both ``" return "``, and the stop string is the stop reason."""
@@ -160,7 +160,7 @@ def test_reproduction_stream_equals_final(llm: LLM) -> None:
     assert "".join(deltas) == " return "
 
 
-@pytest.mark.spec("ENG-070", "SRV-042")
+@pytest.mark.spec("ENG-090", "SRV-042")
 def test_reproduction_in_generate_stream() -> None:
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     args = [

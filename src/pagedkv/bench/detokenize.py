@@ -1,5 +1,5 @@
 """Detokenization cost of one long output: a full decode per token against the incremental
-detokenizer (specs/engine.md ENG-072).
+detokenizer (specs/engine.md ENG-092).
 
 The baseline is how pagedkv detokenized before: after each token, decode the whole output and
 search the new text for stop strings, O(n) per token and O(n²) per output. The incremental

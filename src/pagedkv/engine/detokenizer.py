@@ -5,10 +5,10 @@ tokenizer steps the ``tokenizers`` library's ``DecodeStream``; any other tokeniz
 short window of tokens around the new one (:class:`WindowDecoder`), the method vLLM and
 transformers' streamers use. Either way a partial UTF-8 character is held until it completes.
 
-Text that could still become a stop string is held back (ENG-071): when the text ends with the
+Text that could still become a stop string is held back (ENG-091): when the text ends with the
 beginning of a stop string, that tail is not released until the next tokens show whether the
 stop string completes (then it is cut) or not (then it is released). So the deltas a stream
-shows always add up to the final text (ENG-070).
+shows always add up to the final text (ENG-090).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class WindowDecoder:
 
 
 class IncrementalDetokenizer:
-    """The text of one completion as its tokens arrive, stop strings cut (ENG-043, ENG-071).
+    """The text of one completion as its tokens arrive, stop strings cut (ENG-043, ENG-091).
 
     Args:
         step: the tokenizer's incremental decoder for this completion.

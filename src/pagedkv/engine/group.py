@@ -78,7 +78,7 @@ class RequestGroup:
     def detokenize(self, sequence: Request) -> str | None:
         """Feed the sequence's new tokens to its detokenizer; the stop string they completed,
         if any. A sequence a token has just stopped (EOS, stop token) leaves that token's
-        text out (ENG-070)."""
+        text out (ENG-090)."""
         if self.detokenizers is None:
             return None
         index = sequence.index
