@@ -41,6 +41,8 @@ class RequestMetrics:
         cached_tokens: prompt tokens served from the prefix cache at its first admission.
         generated_tokens: tokens generated so far.
         preemptions: times it was preempted and later recomputed.
+        first_scheduled_time: when it was first scheduled (left the waiting queue), ``None``
+            before.
     """
 
     arrival_time: float
@@ -50,6 +52,14 @@ class RequestMetrics:
     cached_tokens: int
     generated_tokens: int
     preemptions: int
+    first_scheduled_time: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival to first being scheduled, ``None`` before."""
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
 
     @property
     def ttft(self) -> float | None:

@@ -45,6 +45,7 @@ class Request:
     preemptions: int = 0
     text: str = ""
     logprobs: list[TokenLogprobs] | None = None
+    first_scheduled_time: float | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -83,4 +84,5 @@ class Request:
             cached_tokens=self.cached_tokens or 0,
             generated_tokens=self.num_output_tokens,
             preemptions=self.preemptions,
+            first_scheduled_time=self.first_scheduled_time,
         )

@@ -207,6 +207,8 @@ class Scheduler(ABC):
         request.num_computed_tokens = num_cached_tokens
         if request.cached_tokens is None:
             request.cached_tokens = num_cached_tokens
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.perf_counter()
         self.running.append(request)
 
 
