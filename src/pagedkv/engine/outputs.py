@@ -12,6 +12,8 @@ class FinishReason(StrEnum):
     STOP = "stop"  # EOS, a stop token or a stop string
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # aborted by the caller
+    ERROR = "error"  # failed alone: its sampling, text or stop handling raised, or its steps
+    # kept failing (ENG-070..); ``RequestOutput.error`` says why
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,7 @@ class RequestOutput:
         finish_reason: why, once finished.
         logprobs: per generated position, when asked for.
         metrics: timings and counts.
+        error: why the request failed, when ``finish_reason`` is ``error``; else ``None``.
     """
 
     request_id: str
@@ -103,6 +106,7 @@ class RequestOutput:
     finish_reason: FinishReason | None
     logprobs: tuple[TokenLogprobs, ...] | None
     metrics: RequestMetrics
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +122,8 @@ class EngineStats:
         steps: steps run.
         preemptions: requests preempted.
         running, waiting: requests in each queue now.
+        failed_steps: steps whose model run raised; their requests were retried or failed
+            (ENG-073).
     """
 
     num_pages: int
@@ -133,6 +139,7 @@ class EngineStats:
     preemptions: int
     running: int
     waiting: int
+    failed_steps: int = 0
 
     @property
     def hit_rate(self) -> float:

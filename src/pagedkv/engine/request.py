@@ -46,6 +46,10 @@ class Request:
     text: str = ""
     logprobs: list[TokenLogprobs] | None = None
     first_scheduled_time: float | None = None
+    #: Consecutive steps it was in whose model run raised (ENG-072); 0 after a step succeeds.
+    step_failures: int = 0
+    #: Why it failed, once finished with reason ``error``.
+    error: str | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
