@@ -426,6 +426,7 @@ def test_metrics_is_prometheus_text_tracking_the_engine(server: Served) -> None:
         "vllm:time_to_first_token_seconds",
         "vllm:time_per_output_token_seconds",
         "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
         "vllm:request_decode_time_seconds",
         "vllm:request_prompt_tokens",
         "vllm:request_generation_tokens",
