@@ -88,6 +88,23 @@ def applies_failed_steps(engine: LLMEngine) -> None:
     scheduler.update_from_failure = update_from_failure  # type: ignore[method-assign]
 
 
+def never_acquits(engine: LLMEngine) -> None:
+    """A request failed alone does not clear the counts of the requests it shared failed steps
+    with: they stay one unlucky step from failing."""
+    scheduler = engine.scheduler
+    update = scheduler.update_from_failure
+
+    def update_from_failure(scheduled: SchedulerOutput, error: str) -> list[Request]:
+        counts = {r: r.step_failures for r in (*scheduler.running, *scheduler.waiting)}
+        failed = update(scheduled, error)
+        for request, count in counts.items():
+            if request not in failed:
+                request.step_failures = count + (request in {c.request for c in scheduled.chunks})
+        return failed
+
+    scheduler.update_from_failure = update_from_failure  # type: ignore[method-assign]
+
+
 def ignores_retries(engine: LLMEngine) -> None:
     """``max_step_retries`` is ignored: the first failed step fails its requests."""
     engine.scheduler.config = dataclasses.replace(engine.config, max_step_retries=0)
@@ -179,6 +196,11 @@ MUTANTS: dict[str, tuple[Callable[[LLMEngine], None], str, dict[str, Any]]] = {
         last_try_batched,
         "test_a_request_no_step_can_run_fails_alone",
         {"mode": "v1"},
+    ),
+    "never_acquits": (
+        never_acquits,
+        "test_random_step_faults_fail_only_requests_out_of_tries",
+        {"mode": "v1", "seed": 1},
     ),
     "leaks_failed_requests": (
         leaks_failed_requests,

@@ -215,6 +215,10 @@ class Scheduler(ABC):
         keeps the pages it holds and runs the same positions again. Each counts one more
         failed step; those past ``max_step_retries`` fail with reason ``error`` and are freed
         (ENG-072). Returns them, in chunk order.
+
+        A request failed by a step that ran it alone is taken for the cause of the failed steps
+        it shared: every other request's count starts again, so its neighbours are not left
+        one unlucky step from failing.
         """
         self.num_failed_steps += 1
         failed: list[Request] = []
@@ -225,6 +229,9 @@ class Scheduler(ABC):
                 tries = request.step_failures
                 self.fail(request, f"{tries} steps running it failed, the last with {error}")
                 failed.append(request)
+        if len(scheduled.chunks) == 1 and failed:
+            for request in (*self.running, *self.waiting):
+                request.step_failures = 0
         return failed
 
     def fail(self, request: Request, error: str) -> None:

@@ -7,8 +7,8 @@
 * :class:`TracingHashRunner` is the hash stand-in model recording which requests each call
   held; with the calls a :class:`FaultyRunner` failed, :func:`out_of_tries` tells exactly which
   requests an engine must fail (ENG-072) and so which it must not.
-* :class:`PoisonedRunner` is the hash stand-in model hurting only the sequences whose context
-  starts with a ``poison`` prefix: every step holding one raises (a request no step can run),
+* :class:`PoisonedRunner` is a tracing hash stand-in model hurting only the sequences whose
+  prompt holds ``poison``: every step holding one raises (a request no step can run),
   their logits are NaN (their sampling raises), or their logits peak at reserved tokens that no
   other sequence can produce (so a tokenizer fault can pick them out).
 * :class:`FaultyTokenizer` is a tokenizer whose ``decode`` raises on the ids a predicate picks:
@@ -112,13 +112,16 @@ class TracingHashRunner(HashRunner):
     """The hash stand-in model, recording the requests each call holds.
 
     A request is known by the first ``key_len`` tokens of its context: give every request a
-    prompt of its own of that many tokens or more.
+    prompt of its own of that many tokens or more, and a token budget that never cuts a first
+    chunk shorter.
 
     Attributes:
-        keys: per call, the key of every sequence it ran.
+        keys: per call, the key of every sequence it ran (also for a call that raised).
     """
 
-    def __init__(self, vocab_size: int, num_pages: int, page_size: int, *, key_len: int) -> None:
+    def __init__(
+        self, vocab_size: int, num_pages: int = 0, page_size: int = 1, *, key_len: int = 1
+    ) -> None:
         super().__init__(vocab_size, num_pages, page_size)
         self.key_len = key_len
         self.keys: list[tuple[tuple[int, ...], ...]] = []
@@ -126,6 +129,10 @@ class TracingHashRunner(HashRunner):
     def execute(self, plan: StepPlan) -> torch.Tensor:
         contexts = self.contexts(plan)
         self.keys.append(tuple(tuple(c[: self.key_len]) for c in contexts))
+        return self.logits_of(contexts)
+
+    def logits_of(self, contexts: list[list[int]]) -> torch.Tensor:
+        """The logits of a call whose sequences have these contexts."""
         return self.peaked_logits([next_token(c, self.vocab_size) for c in contexts])
 
 
@@ -134,7 +141,8 @@ def out_of_tries(
 ) -> set[tuple[int, ...]]:
     """The requests that were in ``1 + retries`` failed calls in a row, counting only the calls
     that held them: those an engine with ``max_step_retries = retries`` must fail, and the
-    only ones it may fail for failing steps (ENG-072).
+    only ones it may fail for failing steps (ENG-072). A request failed by a call that held it
+    alone is the cause of the failures it shared: every other request's count starts again.
 
     Args:
         keys: :attr:`TracingHashRunner.keys`, one entry per call.
@@ -149,6 +157,8 @@ def out_of_tries(
             streaks[key] = streaks.get(key, 0) + 1 if call in failed else 0
             if streaks[key] > retries:
                 out.add(key)
+        if len(held) == 1 and held[0] in out:
+            streaks = {}
     return out
 
 
@@ -156,14 +166,15 @@ def out_of_tries(
 PoisonKind = Literal["raise", "nan", "tokens"]
 
 
-class PoisonedRunner(HashRunner):
-    """The hash stand-in model, hurting only the sequences whose context starts with
-    ``poison``.
+class PoisonedRunner(TracingHashRunner):
+    """The hash stand-in model, hurting only the sequences that hold ``poison`` at position
+    ``poison_at`` of their context.
 
     Args:
-        vocab_size, num_pages, page_size: as :class:`HashRunner`.
-        poison: the prompt prefix that marks a poisoned request.
-        kind: ``raise``: every step holding a poisoned sequence raises :class:`InjectedFault`
+        vocab_size, num_pages, page_size, key_len: as :class:`TracingHashRunner`.
+        poison: the prompt tokens that mark a poisoned request.
+        poison_at: where they sit in its prompt.
+        kind: ``raise``: every call holding a poisoned sequence raises :class:`InjectedFault`
             (after storing its tokens); ``nan``: poisoned rows' logits are NaN, so sampling
             them at a temperature raises; ``tokens``: the ``reserved`` tokens are never
             produced by other rows (their logits are -inf there) and top the poisoned rows,
@@ -172,6 +183,7 @@ class PoisonedRunner(HashRunner):
 
     Attributes:
         poisoned_steps: calls that held a poisoned sequence.
+        raised: the indices of the calls that raised.
     """
 
     def __init__(
@@ -182,26 +194,31 @@ class PoisonedRunner(HashRunner):
         *,
         poison: Sequence[int],
         kind: PoisonKind,
+        poison_at: int = 0,
         reserved: Sequence[int] = (),
+        key_len: int = 1,
     ) -> None:
-        super().__init__(vocab_size, num_pages, page_size)
+        super().__init__(vocab_size, num_pages, page_size, key_len=key_len)
         if not poison:
-            raise InvalidRequest("the poison prefix is empty")
+            raise InvalidRequest("the poison is empty")
         if kind == "tokens" and not reserved:
             raise InvalidRequest("kind 'tokens' needs reserved tokens")
         self.poison = tuple(poison)
+        self.poison_at = poison_at
         self.kind = kind
         self.reserved = tuple(reserved)
         self.poisoned_steps = 0
+        self.raised: list[int] = []
 
-    def execute(self, plan: StepPlan) -> torch.Tensor:
-        contexts = self.contexts(plan)
-        poisoned = [tuple(c[: len(self.poison)]) == self.poison for c in contexts]
+    def logits_of(self, contexts: list[list[int]]) -> torch.Tensor:
+        at, end = self.poison_at, self.poison_at + len(self.poison)
+        poisoned = [tuple(c[at:end]) == self.poison for c in contexts]
         if any(poisoned):
             self.poisoned_steps += 1
             if self.kind == "raise":
+                self.raised.append(len(self.keys) - 1)
                 raise InjectedFault("a poisoned sequence is in the step")
-        logits = self.peaked_logits([next_token(c, self.vocab_size) for c in contexts])
+        logits = super().logits_of(contexts)
         rows = torch.tensor(poisoned, dtype=torch.bool)
         if self.kind == "nan":
             logits[rows] = float("nan")
