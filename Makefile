@@ -9,7 +9,7 @@ BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
 .PHONY: install demo test conformance conformance-vllm vllm-install typecheck lint clean bench \
-	bench-gate
+	bench-gate chaos
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,13 @@ test: install
 
 conformance: install
 	$(BIN)/pytest $(CONFORMANCE_ARGS)
+
+# Faults under load against the real server (tests/chaos.py): prints requests sent, faults
+# injected, requests failed that should not have been and KV pages in use after (both must be
+# 0). `make test` runs a tenth of it.
+CHAOS_ARGS ?=
+chaos: install
+	$(BIN)/python tests/chaos.py $(CHAOS_ARGS)
 
 # vLLM's v1 KV cache manager through the KVManager suite (examples/vllm_backend): rewrites the
 # table in conformance/README.md. Its own virtualenv, because vLLM pins its own dependencies;
