@@ -107,6 +107,7 @@ def json_lines(stdout: str) -> list[dict[str, Any]]:
                 "--dtype",
                 "--device",
                 "--no-prefix-caching",
+                "--max-step-retries",
             ),
         ),
         (("serve",), ("--model", "--host", "--port", "--max-body-bytes", "--served-model-name")),
@@ -212,6 +213,18 @@ def test_usage_errors_exit_2() -> None:
     line = one_line_error(cli("generate", "--max-tokens", "many"), 2)
     assert "--max-tokens" in line
     one_line_error(cli("generate", "--stream", "--json", "--prompt", "x"), 2)
+
+
+@pytest.mark.spec("SRV-040", "ENG-072")
+def test_max_step_retries_reaches_the_engine() -> None:
+    from pagedkv.cli import build_parser
+    from pagedkv.cli_engine import engine_config
+
+    for command in ("generate", "serve"):
+        default = build_parser().parse_args([command])
+        assert engine_config(default).max_step_retries == EngineConfig().max_step_retries == 2
+        given = build_parser().parse_args([command, "--max-step-retries", "0"])
+        assert engine_config(given).max_step_retries == 0
 
 
 @pytest.mark.spec("SRV-044")
