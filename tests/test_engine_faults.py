@@ -26,7 +26,7 @@ from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StepRunner
-from pagedkv.testing.faults import FaultyRunner
+from pagedkv.testing.faults import FaultyRunner, PoisonedRunner
 from pagedkv.testing.tiny_qwen3 import TinySpec, build_tiny_checkpoint
 from pagedkv_conformance.suite_engine_isolation import EngineIsolationSuite
 
@@ -220,6 +220,31 @@ def test_isolation_suite_fails_on_mutant(name: str) -> None:
     with pytest.raises(Exception) as caught:  # noqa: PT011 - any failure of the test counts
         run(MutantEngineBackend(mutate=mutate), **kwargs)
     assert not isinstance(caught.value, TypeError), caught.value  # a failure, not a misuse
+
+
+# -- the order of the last tries ------------------------------------------------------------------
+
+
+@pytest.mark.spec("ENG-074", "ENG-072")
+def test_the_request_that_never_completed_a_step_runs_alone_first() -> None:
+    """Three requests decode; a poisoned one joins them and the next two steps fail. The
+    poisoned request, with no token yet, runs alone next and fails; the three others go on
+    together, none of them alone."""
+    config = EngineConfig(page_size=4, num_pages=64)
+    runner = PoisonedRunner(101, 64, 4, poison=(100, 99), kind="raise", key_len=1)
+    engine = reference_backend().create_engine(runner, config)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    for first in (1, 2, 3):
+        engine.add_request([first, 5, 6, 7], params)
+    engine.step()
+    engine.step()
+    engine.add_request([100, 99, 8], params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    held = [sorted(k[0] for k in keys) for keys in runner.keys]
+    assert held[2:6] == [[1, 2, 3, 100], [1, 2, 3, 100], [100], [1, 2, 3]]
+    assert runner.raised == [2, 3, 4]
+    assert all(len(keys) == 3 for keys in held[5:])
 
 
 # -- a real model ------------------------------------------------------------------------------

@@ -242,17 +242,24 @@ class Scheduler(ABC):
         self.finish(request, FinishReason.ERROR)
 
     def _alone_if_last_try(self, scheduled: SchedulerOutput) -> SchedulerOutput:
-        """``scheduled``, cut down to the first chunk of a request that one more failed step
-        would fail, if any: that request runs alone, so a step that fails then fails for its
-        sake only (ENG-072). The chunks left out run in a later step (their requests stay
-        running, holding what they were given)."""
+        """``scheduled``, cut down to one chunk of a request that one more failed step would
+        fail, if any: that request runs alone, so a step that fails then fails for its sake
+        only (ENG-072). The chunks left out run in a later step (their requests stay running,
+        holding what they were given).
+
+        Of several such requests, the one that has generated the fewest tokens goes first
+        (the earliest admitted among equals): a request that has never completed a step is
+        the likelier cause, and failing it alone clears the others' counts, so they need no
+        step of their own.
+        """
         retries = self.config.max_step_retries
-        for chunk in scheduled.chunks:
-            if retries > 0 and chunk.request.step_failures >= retries:
-                if len(scheduled.chunks) == 1:
-                    return scheduled
-                return SchedulerOutput((chunk,), scheduled.preempted)
-        return scheduled
+        last_tries = [
+            c for c in scheduled.chunks if retries > 0 and c.request.step_failures >= retries
+        ]
+        if not last_tries or len(scheduled.chunks) == 1:
+            return scheduled
+        chunk = min(last_tries, key=lambda c: c.request.num_output_tokens)
+        return SchedulerOutput((chunk,), scheduled.preempted)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """End a waiting or running request now (a stop, a stop string, an abort), freeing
