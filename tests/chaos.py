@@ -134,6 +134,7 @@ class ChaosReport:
     poisoned: int
     disconnected: int
     failed: int
+    failed_poisoned: int
     failed_wrongly: int
     finished_wrongly: int
     wrong_outputs: int
@@ -161,6 +162,8 @@ class ChaosReport:
             f"poisoned requests                          {self.poisoned}",
             f"clients that disconnected                  {self.disconnected}",
             f"requests failed                            {self.failed}",
+            f"  poisoned                                 {self.failed_poisoned}",
+            f"  in 3 failed steps in a row, not poisoned {self.failed - self.failed_poisoned}",
             f"requests failed that should not have been  {self.failed_wrongly}  (must be 0)",
             f"requests out of tries that did not fail    {self.finished_wrongly}  (must be 0)",
             f"outputs unlike a fault-free run            {self.wrong_outputs}  (must be 0)",
@@ -290,9 +293,11 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
     )
     runner = FaultyRunner(inner, rate=config.fault_rate, seed=config.seed)
     engine = reference_backend().create_engine(runner, config.engine)
-    server_log = logging.getLogger("pagedkv.server")
-    level = server_log.level
-    server_log.setLevel(logging.ERROR)  # a warning per failed request and step otherwise
+    # a warning per failed request and step, and per write to a client that left, otherwise
+    quiet = [logging.getLogger(name) for name in ("pagedkv.server", "asyncio")]
+    levels = [log.level for log in quiet]
+    for log in quiet:
+        log.setLevel(logging.ERROR)
     start = time.perf_counter()
     try:
         with serving(engine) as (url, bridge), ThreadPoolExecutor(config.concurrency) as pool:
@@ -300,7 +305,8 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
             pages = wait_idle(bridge)
             failed_steps = bridge.stats().failed_steps
     finally:
-        server_log.setLevel(level)
+        for log, level in zip(quiet, levels, strict=True):
+            log.setLevel(level)
     seconds = time.perf_counter() - start
     engine.check_invariants()
     faults = set(runner.faults) | set(inner.raised)
@@ -314,6 +320,7 @@ def run_chaos(config: ChaosConfig) -> ChaosReport:
         poisoned=sum(r.poisoned for r in requests),
         disconnected=sum(o.left for o in outcomes),
         failed=len(failed),
+        failed_poisoned=sum(r.poisoned for r in failed),
         failed_wrongly=sum(
             o.error != "request_failed" or r.key not in must_fail
             for r, o in seen
@@ -358,9 +365,10 @@ def main(argv: list[str] | None = None) -> int:
         engine=engine,
     )
     print(
-        f"chaos: {config.requests} requests from {config.concurrency} clients at once; "
-        f"1 step in {1 / config.fault_rate:g} raises at random; 1 request in "
-        f"{config.poison_every} is poisoned, 1 in {config.disconnect_every} disconnects"
+        f"chaos: {config.requests} requests from {config.concurrency} clients at once; a step "
+        f"raises at random with probability {config.fault_rate:g}; 1 request in "
+        f"{config.poison_every or 'no'} is poisoned, 1 in {config.disconnect_every or 'no'} "
+        "disconnects"
     )
     report = run_chaos(config)
     print("\n".join(report.lines()))
