@@ -12,8 +12,7 @@ class FinishReason(StrEnum):
     STOP = "stop"  # EOS, a stop token or a stop string
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # aborted by the caller
-    ERROR = "error"  # failed alone: its sampling, text or stop handling raised, or its steps
-    # kept failing (ENG-070..); ``RequestOutput.error`` says why
+    ERROR = "error"  # failed alone (ENG-070..072); ``RequestOutput.error`` says why
 
 
 @dataclass(frozen=True, slots=True)
