@@ -26,7 +26,7 @@ from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StepRunner
-from pagedkv.testing.faults import FaultyRunner, PoisonedRunner
+from pagedkv.testing.faults import FaultyRunner, FaultyTokenizer, IdTokenizer, PoisonedRunner
 from pagedkv.testing.tiny_qwen3 import TinySpec, build_tiny_checkpoint
 from pagedkv_conformance.suite_engine_isolation import EngineIsolationSuite
 
@@ -305,6 +305,15 @@ def _finals(engine: LLMEngine, ids: list[str]) -> list[Any]:
             if output.finished:
                 done[output.request_id] = output
     return [done[i] for i in ids]
+
+
+@pytest.mark.parametrize("tokenizer", [FaultyTokenizer, IdTokenizer])
+def test_test_tokenizers_override_every_public_method(tokenizer: type[Tokenizer]) -> None:
+    """They load no model files, so a method left to :class:`Tokenizer` would fail when
+    called: a method added to it must be added to them too."""
+    public = {name for name in vars(Tokenizer) if not name.startswith("_")}
+    assert public
+    assert public <= set(vars(tokenizer)), public - set(vars(tokenizer))
 
 
 @pytest.mark.spec("ENG-072")

@@ -22,7 +22,7 @@ Every injected error is an :class:`InjectedFault`, so a test can tell it from a 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -232,6 +232,9 @@ class PoisonedRunner(TracingHashRunner):
 class FaultyTokenizer(Tokenizer):
     """``inner`` whose ``decode`` raises :class:`InjectedFault` on the ids ``fails`` picks.
 
+    Every public method of :class:`Tokenizer` is delegated to ``inner`` (a test checks that
+    none is left to the base class, which would read model files this object does not have).
+
     Attributes:
         faults: the decodes that raised.
     """
@@ -259,13 +262,18 @@ class FaultyTokenizer(Tokenizer):
             raise InjectedFault(f"injected fault decoding {list(token_ids)[:8]}")
         return self._inner.decode(token_ids)
 
-    def apply_chat_template(self, messages: Sequence[Message]) -> list[int]:
-        return self._inner.apply_chat_template(messages)
+    def apply_chat_template(
+        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+    ) -> list[int]:
+        return self._inner.apply_chat_template(messages, template_kwargs)
+
+    def token_id(self, text: str) -> int | None:
+        return self._inner.token_id(text)
 
 
 class IdTokenizer(Tokenizer):
     """Token ids as text: ``decode([5, 17])`` is ``"5 17 "``, ``encode`` reads such text back.
-    No chat template, no EOS."""
+    No chat template, no EOS. Overrides every public method of :class:`Tokenizer`."""
 
     def __init__(self) -> None:
         """Nothing to load."""
@@ -284,5 +292,11 @@ class IdTokenizer(Tokenizer):
     def decode(self, token_ids: Sequence[int]) -> str:
         return "".join(f"{t} " for t in token_ids)
 
-    def apply_chat_template(self, messages: Sequence[Message]) -> list[int]:
+    def apply_chat_template(
+        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+    ) -> list[int]:
         raise InvalidRequest("this tokenizer has no chat template")
+
+    def token_id(self, text: str) -> int | None:
+        ids = self.encode(text)
+        return ids[0] if len(ids) == 1 else None
