@@ -26,8 +26,11 @@ from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StepRunner
+from pagedkv.plan import StepPlan
 from pagedkv.testing.faults import FaultyRunner, FaultyTokenizer, IdTokenizer, PoisonedRunner
+from pagedkv.testing.hash_runner import HashRunner
 from pagedkv.testing.tiny_qwen3 import TinySpec, build_tiny_checkpoint
+from pagedkv_conformance.engine_harness import solo_greedy
 from pagedkv_conformance.suite_engine_isolation import EngineIsolationSuite
 
 # -- mutants -------------------------------------------------------------------------------------
@@ -220,6 +223,30 @@ def test_isolation_suite_fails_on_mutant(name: str) -> None:
     with pytest.raises(Exception) as caught:  # noqa: PT011 - any failure of the test counts
         run(MutantEngineBackend(mutate=mutate), **kwargs)
     assert not isinstance(caught.value, TypeError), caught.value  # a failure, not a misuse
+
+
+class ShortLogitsRunner(HashRunner):
+    """Returns one row of logits too few at its first call."""
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        logits = super().execute(plan)
+        return logits[:-1] if len(self.steps) == 1 else logits
+
+
+@pytest.mark.spec("ENG-071")
+def test_logits_of_the_wrong_shape_fail_the_step() -> None:
+    """A runner's logits with a row missing are a failed step, not a sampling error of the
+    last request: it is run again and every request gets its solo tokens."""
+    runner = ShortLogitsRunner(101, 64, 4)
+    engine = reference_backend().create_engine(runner, EngineConfig(page_size=4, num_pages=64))
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    ids = [engine.add_request(p, SamplingParams(max_tokens=4, temperature=0.0)) for p in prompts]
+    outs = _finals(engine, ids)
+    assert engine.stats().failed_steps == 1
+    assert runner.steps[0] == runner.steps[1]
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.finish_reason is FinishReason.LENGTH
+        assert list(out.token_ids) == solo_greedy(prompt, 4)
 
 
 # -- the order of the last tries ------------------------------------------------------------------
