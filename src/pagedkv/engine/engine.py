@@ -4,6 +4,11 @@ The scheduler picks the work and builds its plan; the runner computes logits; th
 the sequences the step completed; the scheduler applies the tokens (progress, commits, stop
 conditions, frees); the engine turns them into text and outputs. The engine never touches the
 KVManager or a request's progress itself: the scheduler is their only owner.
+
+One request's failure is that request's alone (ENG-070..072): an error in one row's sampling
+or in one request's text fails that request and no other, and a step whose model run raises is
+applied as nothing and tried again (the scheduler decides how often, and which request then
+fails). ``step()`` never raises for either.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from pagedkv.engine.outputs import EngineStats, FinishReason, RequestOutput, Ste
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.request import Request
 from pagedkv.engine.sampler import sample, token_logprobs
-from pagedkv.engine.scheduler import SampledToken, SchedulerOutput, make_scheduler
+from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput, make_scheduler
 from pagedkv.engine.tokenizer import IncrementalText, Tokenizer
 from pagedkv.errors import InvalidRequest, RequestTooLong
 from pagedkv.interfaces import KVManager, StepRunner
+from pagedkv.plan import StepPlan
 
 #: Called after every step that ran, with what the step did.
 StepObserver = Callable[[StepReport], None]
@@ -163,21 +169,26 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; returns the outputs of the requests it advanced."""
+        """Run one scheduled batch; returns the outputs of the requests it advanced or failed
+        (finish reason ``error``, ENG-070..072)."""
         start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled.chunks:
             return []
         scheduled_at = time.perf_counter()
-        plan = self.scheduler.build_plan(scheduled, self.runner.device)
-        planned_at = time.perf_counter()
-        logits = self.runner.execute(plan)
+        try:
+            plan = self.scheduler.build_plan(scheduled, self.runner.device)
+            planned_at = time.perf_counter()
+            logits = self._execute(plan, len(scheduled.chunks))
+        except Exception as exc:  # the whole step failed: none of it is applied (ENG-071)
+            failed = self.scheduler.update_from_failure(scheduled, _describe(exc))
+            return [self._guarded_output(request) for request in failed]
         executed_at = time.perf_counter()
         sampled = self._sample(scheduled, logits)
         sampled_at = time.perf_counter()
         advanced = self.scheduler.update_from_output(scheduled, sampled)
         updated_at = time.perf_counter()
-        outputs = [self._detokenize(request) for request in advanced]
+        outputs = [self._guarded_output(request) for request in advanced]
         done_at = time.perf_counter()
         self._count(scheduled)
         if self._observers:
@@ -200,22 +211,51 @@ class LLMEngine:
                 observer(report)
         return outputs
 
+    def _execute(self, plan: StepPlan, num_seqs: int) -> torch.Tensor:
+        """The runner's logits for ``plan``, one row per sequence."""
+        logits = self.runner.execute(plan)
+        if logits.dim() != 2 or logits.shape[0] != num_seqs:
+            raise InvalidRequest(
+                f"the runner returned logits of shape {tuple(logits.shape)} for {num_seqs} "
+                "sequences"
+            )
+        return logits
+
     def _sample(
         self, scheduled: SchedulerOutput, logits: torch.Tensor
-    ) -> list[SampledToken | None]:
-        """The next token of every chunk that completes its sequence (logits row = chunk)."""
-        sampled: list[SampledToken | None] = []
+    ) -> list[SampledToken | SampleError | None]:
+        """The next token of every chunk that completes its sequence (logits row = chunk); a
+        row whose sampling raises gets a :class:`SampleError`, the others their token
+        (ENG-070)."""
+        sampled: list[SampledToken | SampleError | None] = []
         for row, chunk in enumerate(scheduled.chunks):
             if not chunk.completes_sequence:
                 sampled.append(None)
                 continue
-            params = chunk.request.params
-            token = sample(logits[row], params, chunk.request.generator)
-            logprobs = None
-            if params.logprobs is not None:
-                logprobs = token_logprobs(logits[row], token, params.logprobs)
-            sampled.append(SampledToken(token, logprobs))
+            try:
+                sampled.append(self._sample_row(chunk.request, logits[row]))
+            except Exception as exc:  # this request's own sampling: it fails alone
+                sampled.append(SampleError(f"sampling failed: {_describe(exc)}"))
         return sampled
+
+    def _sample_row(self, request: Request, logits: torch.Tensor) -> SampledToken:
+        params = request.params
+        token = sample(logits, params, request.generator)
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = token_logprobs(logits, token, params.logprobs)
+        return SampledToken(token, logprobs)
+
+    def _guarded_output(self, request: Request) -> RequestOutput:
+        """The output of a request the step advanced or failed. An error in its text or stop
+        strings fails it alone (ENG-070); a failed request's output carries no new token."""
+        if request.finish_reason is not FinishReason.ERROR:
+            try:
+                return self._detokenize(request)
+            except Exception as exc:  # this request's own text: it fails alone
+                self.scheduler.fail(request, f"detokenizing failed: {_describe(exc)}")
+        self._forget(request)
+        return self._output(request, (), "")
 
     def _detokenize(self, request: Request) -> RequestOutput:
         """The output of a request that just got a token; a stop string ends it here."""
@@ -238,7 +278,7 @@ class LLMEngine:
         self._peak_pages = max(self._peak_pages, self.scheduler.kv_stats().pages_in_use)
 
     def _forget(self, request: Request) -> None:
-        del self._requests[request.request_id]
+        self._requests.pop(request.request_id, None)
         self._texts.pop(request.request_id, None)
 
     def _output(self, request: Request, new_ids: tuple[int, ...], new_text: str) -> RequestOutput:
@@ -253,6 +293,7 @@ class LLMEngine:
             finish_reason=request.finish_reason,
             logprobs=tuple(request.logprobs) if request.logprobs is not None else None,
             metrics=request.metrics(),
+            error=request.error,
         )
 
     # -- observation -----------------------------------------------------------------------
@@ -283,6 +324,7 @@ class LLMEngine:
             preemptions=self.scheduler.num_preemptions,
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
+            failed_steps=self.scheduler.num_failed_steps,
         )
 
     def check_invariants(self) -> None:
@@ -315,3 +357,8 @@ class LLMEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+
+def _describe(exc: Exception) -> str:
+    """An error as a request's failure message: its type and message."""
+    return f"{type(exc).__name__}: {exc}"

@@ -12,6 +12,7 @@ class FinishReason(StrEnum):
     STOP = "stop"  # EOS, a stop token or a stop string
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # aborted by the caller
+    ERROR = "error"  # failed alone (ENG-070..072); ``RequestOutput.error`` says why
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,8 @@ class RequestMetrics:
         cached_tokens: prompt tokens served from the prefix cache at its first admission.
         generated_tokens: tokens generated so far.
         preemptions: times it was preempted and later recomputed.
+        first_scheduled_time: when it was first scheduled (left the waiting queue), ``None``
+            before.
     """
 
     arrival_time: float
@@ -50,6 +53,14 @@ class RequestMetrics:
     cached_tokens: int
     generated_tokens: int
     preemptions: int
+    first_scheduled_time: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival to first being scheduled, ``None`` before."""
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
 
     @property
     def ttft(self) -> float | None:
@@ -81,6 +92,7 @@ class RequestOutput:
         finish_reason: why, once finished.
         logprobs: per generated position, when asked for.
         metrics: timings and counts.
+        error: why the request failed, when ``finish_reason`` is ``error``; else ``None``.
     """
 
     request_id: str
@@ -93,6 +105,7 @@ class RequestOutput:
     finish_reason: FinishReason | None
     logprobs: tuple[TokenLogprobs, ...] | None
     metrics: RequestMetrics
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +121,8 @@ class EngineStats:
         steps: steps run.
         preemptions: requests preempted.
         running, waiting: requests in each queue now.
+        failed_steps: steps whose model run raised; their requests were retried or failed
+            (ENG-073).
     """
 
     num_pages: int
@@ -123,6 +138,7 @@ class EngineStats:
     preemptions: int
     running: int
     waiting: int
+    failed_steps: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -56,7 +56,8 @@ def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]]) ->
 
 
 def finish_reason(output: RequestOutput) -> str | None:
-    """OpenAI's ``finish_reason``: ``stop``, ``length`` (``abort`` never reaches a client)."""
+    """OpenAI's ``finish_reason``: ``stop``, ``length`` (``abort`` and ``error`` never reach a
+    client: the request was aborted, or answered with an error)."""
     return None if output.finish_reason is None else str(output.finish_reason)
 
 

@@ -62,13 +62,20 @@ class HashRunner:
         return [sum(step) for step in self.steps]
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
+        targets = [next_token(context, self._vocab) for context in self.contexts(plan)]
+        return self.peaked_logits(targets)
+
+    def contexts(self, plan: StepPlan) -> list[list[int]]:
+        """Run the cache side of ``plan``: store its tokens at its slots, then read each
+        sequence's whole context back through its page table (v1), or take the chunk itself
+        (v0). Records the step in :attr:`steps`."""
         batch = plan.attention
         starts = batch.query_start.tolist()
         self.steps.append([b - a for a, b in itertools.pairwise(starts)])
         if plan.slot_mapping is not None:
             self.slots[plan.slot_mapping] = plan.input_ids
             self.written[plan.slot_mapping] = True
-        rows = []
+        contexts: list[list[int]] = []
         for b, context_len in enumerate(batch.context_lens.tolist()):
             if batch.page_tables is None:
                 context = plan.input_ids[starts[b] : starts[b + 1]]
@@ -80,7 +87,12 @@ class HashRunner:
                 if not bool(self.written[slot].all()):
                     raise InvalidRequest(f"sequence {b} reads a slot nothing was written to")
                 context = self.slots[slot]
-            rows.append(next_token(context.tolist(), self._vocab))
-        target = torch.tensor(rows).unsqueeze(1)
+            contexts.append(context.tolist())
+        return contexts
+
+    def peaked_logits(self, targets: list[int]) -> torch.Tensor:
+        """``[len(targets), vocab]`` logits peaking at each target (0) and falling off by 0.5
+        a token (mod vocab)."""
+        target = torch.tensor(targets).unsqueeze(1)
         distance = (torch.arange(self._vocab).unsqueeze(0) - target) % self._vocab
         return -0.5 * distance.to(torch.float32)
