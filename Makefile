@@ -9,7 +9,7 @@ BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
 .PHONY: install demo test conformance conformance-vllm vllm-install typecheck lint clean bench \
-	bench-gate
+	bench-gate chaos
 
 install: $(VENV)/.installed
 
@@ -23,8 +23,8 @@ $(VENV)/.installed: pyproject.toml
 # state machine's oracle follows the chained-hash index where the spec leaves room (see README).
 RADIX_SUITES := pagedkv_conformance.test_kv_manager pagedkv_conformance.test_kv_match \
 	pagedkv_conformance.test_kv_fork pagedkv_conformance.test_engine \
-	pagedkv_conformance.test_engine_observers pagedkv_conformance.test_engine_state_machine \
-	pagedkv_conformance.test_engine_parallel
+	pagedkv_conformance.test_engine_observers pagedkv_conformance.test_engine_isolation \
+	pagedkv_conformance.test_engine_state_machine pagedkv_conformance.test_engine_parallel
 
 # The embedded model on a batch sharing a long system prompt, prefix caching on and off.
 demo: install
@@ -38,6 +38,13 @@ test: install
 
 conformance: install
 	$(BIN)/pytest $(CONFORMANCE_ARGS)
+
+# Faults under load against the real server (tests/chaos.py): prints requests sent, faults
+# injected, requests failed that should not have been and KV pages in use after (both must be
+# 0). `make test` runs a tenth of it.
+CHAOS_ARGS ?=
+chaos: install
+	$(BIN)/python tests/chaos.py $(CHAOS_ARGS)
 
 # vLLM's v1 KV cache manager through the KVManager suite (examples/vllm_backend): rewrites the
 # table in conformance/README.md. Its own virtualenv, because vLLM pins its own dependencies;

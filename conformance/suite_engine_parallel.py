@@ -13,23 +13,27 @@ import dataclasses
 
 import pytest
 
+from pagedkv.engine.outputs import FinishReason
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
-from pagedkv.interfaces import Backend
+from pagedkv.interfaces import Backend, EngineBackend
+from pagedkv.testing.faults import PoisonedRunner
 
-from .engine_harness import build_engine, solo_greedy
+from .engine_harness import VOCAB, build_engine, solo_greedy
 
 #: 10 tokens: two full pages of 4 and a partial one.
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
 SAMPLED = SamplingParams(max_tokens=9, temperature=1.3, seed=77, ignore_eos=True)
 
 
-def solo_runs(backend: Backend, params: SamplingParams, count: int) -> list[tuple[int, ...]]:
-    """The tokens of ``PROMPT`` run alone with ``n=1`` and seeds ``seed + i``."""
+def solo_runs(
+    backend: Backend, params: SamplingParams, count: int, prompt: list[int] = PROMPT
+) -> list[tuple[int, ...]]:
+    """The tokens of ``prompt`` run alone with ``n=1`` and seeds ``seed + i``."""
     assert params.seed is not None
     eut = build_engine(backend)
     single = dataclasses.replace(params, n=1, best_of=None)
     outs = eut.run(
-        [PROMPT] * count,
+        [prompt] * count,
         [dataclasses.replace(single, seed=params.seed + i) for i in range(count)],
     )
     return [o.token_ids for o in outs]
@@ -144,3 +148,41 @@ class EngineParallelSuite:
         with pytest.raises(InvalidSamplingParams):
             SamplingParams(n=3, best_of=2)
         assert not eut.engine.has_unfinished_requests()
+
+    @pytest.mark.spec("ENG-047", "ENG-070")
+    @pytest.mark.parametrize("fails_at", ["first token", "fork"])
+    def test_a_failed_sample_fails_its_request_alone(self, backend: Backend, fails_at: str) -> None:
+        """One sample of an ``n=3`` request hits NaN logits, at its first token (before the
+        fork: every sample shares that row) or, as the third fork, in the step after: the
+        whole request ends with reason ``error``, the request beside it gets its solo
+        tokens, and no page stays in use."""
+        assert isinstance(backend, EngineBackend)
+        eut = build_engine(backend)
+        params = dataclasses.replace(SAMPLED, n=3, max_tokens=6)
+        if fails_at == "first token":
+            prompt, poison, at = [100, 99, 98, 5, 6], (100, 99, 98), 0
+        else:
+            prompt = [5, 6, 7, 8]
+            firsts = [run[0] for run in solo_runs(backend, params, 3, prompt)]
+            assert firsts[2] not in firsts[:2], "pick a seed whose third sample starts apart"
+            poison, at = (firsts[2],), len(prompt)
+        runner = PoisonedRunner(
+            VOCAB,
+            eut.config.num_pages,
+            eut.config.page_size,
+            poison=poison,
+            poison_at=at,
+            kind="nan",
+        )
+        engine = backend.create_engine(runner, eut.config)
+        bad = engine.add_request(prompt, params)
+        good = engine.add_request([7, 8, 9], SamplingParams(max_tokens=6, temperature=0))
+        finals = {}
+        while engine.has_unfinished_requests():
+            finals.update({o.request_id: o for o in engine.step() if o.finished})
+            engine.check_invariants()
+        failed = finals[bad]
+        assert failed.error
+        assert {c.finish_reason for c in failed.outputs} == {FinishReason.ERROR}
+        assert list(finals[good].token_ids) == solo_greedy([7, 8, 9], 6)
+        assert engine.stats().pages_in_use == 0

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import httpx
 from fastapi import FastAPI
 
-from pagedkv.engine.outputs import EngineStats
+from pagedkv.engine.outputs import EngineStats, StepReport
 from pagedkv.server.async_engine import AsyncEngine
 from pagedkv.server.http import HTTPOptions, Server
 
@@ -52,6 +52,40 @@ def running(app: FastAPI, options: HTTPOptions | None = None) -> Iterator[Runnin
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+class StepGate:
+    """A step observer that can hold the engine thread: once armed with :meth:`hold_after`,
+    the step that many steps later does not return (so its outputs reach no client) until
+    :meth:`release`, or :data:`HOLD_LIMIT_S` seconds. Lets a test act while a request is
+    certainly still in flight, however slowly its client runs."""
+
+    HOLD_LIMIT_S = 30.0
+
+    def __init__(self) -> None:
+        self._released = threading.Event()
+        self._released.set()
+        self._steps_left: int | None = None
+        self.held = threading.Event()
+
+    def __call__(self, report: StepReport) -> None:
+        if self._steps_left is None:
+            return
+        self._steps_left -= 1
+        if self._steps_left == 0:
+            self._steps_left = None
+            self.held.set()
+            self._released.wait(self.HOLD_LIMIT_S)
+
+    def hold_after(self, steps: int) -> None:
+        """Hold the engine in the ``steps``-th step from now (1: the next one)."""
+        self._released.clear()
+        self.held.clear()
+        self._steps_left = steps
+
+    def release(self) -> None:
+        self._steps_left = None
+        self._released.set()
 
 
 def wait_idle(bridge: AsyncEngine, timeout: float = 20.0) -> EngineStats:

@@ -107,6 +107,7 @@ def json_lines(stdout: str) -> list[dict[str, Any]]:
                 "--dtype",
                 "--device",
                 "--no-prefix-caching",
+                "--max-step-retries",
             ),
         ),
         (("serve",), ("--model", "--host", "--port", "--max-body-bytes", "--served-model-name")),
@@ -212,6 +213,55 @@ def test_usage_errors_exit_2() -> None:
     line = one_line_error(cli("generate", "--max-tokens", "many"), 2)
     assert "--max-tokens" in line
     one_line_error(cli("generate", "--stream", "--json", "--prompt", "x"), 2)
+
+
+@pytest.mark.spec("SRV-040", "ENG-072")
+def test_max_step_retries_reaches_the_engine() -> None:
+    from pagedkv.cli import build_parser
+    from pagedkv.cli_engine import engine_config
+
+    for command in ("generate", "serve"):
+        default = build_parser().parse_args([command])
+        assert engine_config(default).max_step_retries == EngineConfig().max_step_retries == 2
+        given = build_parser().parse_args([command, "--max-step-retries", "0"])
+        assert engine_config(given).max_step_retries == 0
+
+
+@pytest.mark.spec("SRV-044", "SRV-041", "ENG-070")
+@pytest.mark.parametrize("mode", ["--json", "--stream"])
+def test_a_failed_prompt_is_reported_and_exits_1(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every step holding the second prompt raises: it fails alone, named on stderr, and the
+    first prompt's output is printed as usual."""
+    from pagedkv import cli_generate
+    from pagedkv.backend import reference_backend
+    from pagedkv.cli import main
+    from pagedkv.testing.faults import IdTokenizer, PoisonedRunner
+
+    def faulty_engine(*_: Any) -> Engine:
+        config = EngineConfig(page_size=4, num_pages=32, max_model_len=64)
+        runner = PoisonedRunner(101, 32, 4, poison=(90, 91), kind="raise")
+        return reference_backend().create_engine(runner, config, tokenizer=IdTokenizer())
+
+    monkeypatch.setattr(cli_generate, "load_engine", faulty_engine)
+    argv = ["generate", "--model", str(tmp_path), "--max-tokens", "3", "--temperature", "0"]
+    status = main([*argv, "--prompt", "1 2 3", "--prompt", "90 91 5", mode])
+    out, err = capsys.readouterr()
+    assert status == 1
+    (line,) = err.strip().splitlines()
+    assert line.startswith("pagedkv generate: prompt 1 failed: 3 steps running it failed")
+    assert "InjectedFault" in line
+    if mode == "--json":
+        first, second = (json.loads(x) for x in out.splitlines())
+        assert (first["finish_reason"], first["error"]) == ("length", None)
+        assert len(first["token_ids"]) == 3
+        assert second["finish_reason"] == "error"
+        assert second["error"] in line
+        assert second["token_ids"] == []
+    else:
+        assert out.startswith("### 0\n")
+        assert len(out.split("### 1\n")[0].split()) == 2 + 3  # the header, then 3 tokens
 
 
 @pytest.mark.spec("SRV-044")

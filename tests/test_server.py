@@ -15,22 +15,26 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
-from fastapi.testclient import TestClient
 from openai import OpenAI
-from server_harness import error_of, metric, parse_prometheus, running, sse_events, wait_idle
+from server_harness import (
+    StepGate,
+    error_of,
+    metric,
+    parse_prometheus,
+    running,
+    sse_events,
+    wait_idle,
+)
 from serving_models import serving_model_dir
 
-from pagedkv.backend import load_engine, reference_backend
+from pagedkv.backend import load_engine
 from pagedkv.cli import build_parser
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import SamplingParams
 from pagedkv.interfaces import Engine
-from pagedkv.plan import StepPlan
 from pagedkv.server.app import create_app
 from pagedkv.server.async_engine import AsyncEngine
-from pagedkv.testing.hash_runner import HashRunner
 from pagedkv.testing.tiny_qwen3 import model_device
 
 MODEL = "test-model"
@@ -46,6 +50,7 @@ class Served:
     url: str
     bridge: AsyncEngine
     model_dir: Path
+    gate: StepGate
 
     def client(self) -> OpenAI:
         return OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
@@ -54,9 +59,12 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     model_dir = serving_model_dir(tmp_path_factory)
-    app = create_app(load_engine(model_dir, CONFIG, device=model_device()), MODEL, MAX_BODY_BYTES)
+    engine = load_engine(model_dir, CONFIG, device=model_device())
+    gate = StepGate()
+    engine.add_step_observer(gate)
+    app = create_app(engine, MODEL, MAX_BODY_BYTES)
     with running(app) as server:
-        yield Served(server.url, server.bridge, model_dir)
+        yield Served(server.url, server.bridge, model_dir, gate)
 
 
 @pytest.fixture
@@ -368,32 +376,57 @@ def _finished(metrics_text: str, reason: str) -> float:
 
 @pytest.mark.spec("SRV-020", "SRV-022")
 def test_disconnect_mid_stream_aborts_and_frees_pages(server: Served) -> None:
-    aborted_before = _finished(httpx.get(f"{server.url}/metrics").text, "abort")
+    """The client reads the first event, checks that the request holds pages, and goes.
+
+    Two races are closed: the engine is held in the request's second step until the client
+    has gone, so the request cannot finish on its own before a slow client reads its first
+    event (nothing else holds a generation back while its client reads); and the client keeps
+    its chunk iterator until it means to go, since dropping it closes the connection, which
+    could abort the request before the check."""
+    metrics_before = httpx.get(f"{server.url}/metrics").text
     body = {
         "model": MODEL,
         "prompt": LONG_PROMPT,
         "max_tokens": 400,
         "ignore_eos": True,
         "stream": True,
+        "logprobs": 0,  # every step is an event, the text of a token or not
     }
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
-        assert response.status_code == 200
-        first = next(response.iter_raw())
-        assert server.bridge.stats().pages_in_use > 0, (first, server.bridge.stats())
+    server.gate.hold_after(2)
+    try:
+        url = f"{server.url}/v1/completions"
+        with httpx.stream("POST", url, json=body, timeout=30) as response:
+            assert response.status_code == 200
+            chunks = response.iter_raw()  # kept: dropping it would close the connection here
+            first = next(chunks)
+            assert server.gate.held.wait(10), "the second step never ran"
+            assert server.bridge.stats().pages_in_use > 0, (first, server.bridge.stats())
+    finally:
+        server.gate.release()
     stats = wait_idle(server.bridge, timeout=10)
     assert stats.pages_in_use == 0
     assert stats.running == 0
-    assert _finished(httpx.get(f"{server.url}/metrics").text, "abort") == aborted_before + 1
+    metrics_after = httpx.get(f"{server.url}/metrics").text
+    assert _finished(metrics_after, "abort") == _finished(metrics_before, "abort") + 1
+    assert _finished(metrics_after, "length") == _finished(metrics_before, "length")
 
 
 @pytest.mark.spec("SRV-021", "SRV-022")
 def test_disconnect_before_a_plain_response_aborts(server: Served) -> None:
-    aborted_before = _finished(httpx.get(f"{server.url}/metrics").text, "abort")
+    """The engine is held in the request's first step until the client has timed out."""
+    metrics_before = httpx.get(f"{server.url}/metrics").text
     body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 400, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.5)
+    server.gate.hold_after(1)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.5)
+        assert server.gate.held.is_set()
+    finally:
+        server.gate.release()
     wait_idle(server.bridge, timeout=10)
-    assert _finished(httpx.get(f"{server.url}/metrics").text, "abort") == aborted_before + 1
+    metrics_after = httpx.get(f"{server.url}/metrics").text
+    assert _finished(metrics_after, "abort") == _finished(metrics_before, "abort") + 1
+    assert _finished(metrics_after, "length") == _finished(metrics_before, "length")
 
 
 # -- operations ---------------------------------------------------------------------------------
@@ -429,6 +462,7 @@ def test_metrics_is_prometheus_text_tracking_the_engine(server: Served) -> None:
         "vllm:time_to_first_token_seconds",
         "vllm:time_per_output_token_seconds",
         "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
         "vllm:request_decode_time_seconds",
         "vllm:request_prompt_tokens",
         "vllm:request_generation_tokens",
@@ -456,36 +490,3 @@ def test_models_and_health(server: Served) -> None:
 def test_serve_listens_on_loopback_by_default() -> None:
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1"
-
-
-class FailingRunner(HashRunner):
-    """The hash stand-in model, raising at every step while ``failing`` is set."""
-
-    failing = False
-
-    def execute(self, plan: StepPlan) -> torch.Tensor:
-        if self.failing:
-            raise RuntimeError("device lost")
-        return super().execute(plan)
-
-
-@pytest.mark.spec("SRV-023", "SRV-022")
-def test_a_failing_step_fails_its_requests_and_serving_goes_on() -> None:
-    config = EngineConfig(page_size=4, num_pages=32, max_model_len=128)
-    runner = FailingRunner(vocab_size=64, num_pages=config.num_pages, page_size=config.page_size)
-    app = create_app(reference_backend().create_engine(runner, config), MODEL, MAX_BODY_BYTES)
-    body = {"model": MODEL, "prompt": [1, 2, 3, 4, 5, 6], "max_tokens": 4}
-    with TestClient(app) as client:
-        bridge: AsyncEngine = app.state.server.engine
-        runner.failing = True
-        error_of(client.post("/v1/completions", json=body), 500)
-        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as stream:
-            events = sse_events(stream.iter_lines())
-        assert json.loads(events[0])["error"]["code"] == "engine_failure"
-        assert events[-1] == "[DONE]"
-        assert wait_idle(bridge).pages_in_use == 0
-        runner.failing = False
-        ok = client.post("/v1/completions", json=body)
-        assert ok.status_code == 200
-        assert ok.json()["usage"]["completion_tokens"] == 4
-        assert client.get("/health").status_code == 200

@@ -151,6 +151,23 @@ def test_a_full_queue_is_429_with_retry_after() -> None:
         wait_idle(server.bridge)
 
 
+@pytest.mark.spec("SRV-080", "ENG-053")
+def test_queue_time_counts_the_wait_for_a_sequence_slot() -> None:
+    """Four prompts, two sequences a step, ten tokens each: the last two wait at least the ten
+    steps of the first two, and ``vllm:request_queue_time_seconds`` adds that up."""
+    with running(slow_app()) as server:
+        reply = post_json(f"{server.url}/v1/completions", ids_body(4, 10, ignore_eos=True))
+        assert reply.status_code == 200, reply.text
+        wait_idle(server.bridge)
+        text = httpx.get(f"{server.url}/metrics").text
+    count = metric(text, "vllm:request_queue_time_seconds_count", model_name=MODEL)
+    total = metric(text, "vllm:request_queue_time_seconds_sum", model_name=MODEL)
+    assert count == 4
+    assert total >= 2 * 10 * STEP_S
+    e2e = metric(text, "vllm:e2e_request_latency_seconds_sum", model_name=MODEL)
+    assert total < e2e
+
+
 # -- deadlines -----------------------------------------------------------------------------------
 
 

@@ -85,6 +85,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not reuse cached KV pages across requests",
     )
+    group.add_argument(
+        "--max-step-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="times the requests of a step whose model run failed are run again, the last "
+        "time each alone, before they fail (default 2)",
+    )
 
 
 def resolve_model_dir(value: str | None) -> Path:
@@ -114,6 +122,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
+        max_step_retries=args.max_step_retries,
     )
 
 

@@ -4,6 +4,11 @@ The scheduler picks the work and builds its plan; the runner computes logits; th
 the sequences the step completed; the scheduler applies the tokens (progress, commits, stop
 conditions, frees); the engine turns them into text and outputs. The engine never touches the
 KVManager or a request's progress itself: the scheduler is their only owner.
+
+One request's failure is that request's alone (ENG-070..072): an error in one row's sampling
+or in one request's text fails that request and no other, and a step whose model run raises is
+applied as nothing and tried again (the scheduler decides how often, and which request then
+fails). ``step()`` never raises for either.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.engine.prompts import PromptType, parse_prompt
 from pagedkv.engine.request import Request, RequestStatus
 from pagedkv.engine.sampler import Sampled, SampleRow, sample_rows
-from pagedkv.engine.scheduler import SampledToken, SchedulerOutput, make_scheduler
+from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput, make_scheduler
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest, RequestTooLong
 from pagedkv.interfaces import KVManager, StepRunner
+from pagedkv.plan import StepPlan
 
 #: Called after every step that ran, with what the step did.
 StepObserver = Callable[[StepReport], None]
@@ -236,15 +242,20 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; returns the outputs of the requests it advanced."""
+        """Run one scheduled batch; returns the outputs of the requests it advanced or failed
+        (finish reason ``error``, ENG-070..072)."""
         start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled.chunks:
             return []
         scheduled_at = time.perf_counter()
-        plan = self.scheduler.build_plan(scheduled, self.runner.device)
-        planned_at = time.perf_counter()
-        logits = self.runner.execute(plan)
+        try:
+            plan = self.scheduler.build_plan(scheduled, self.runner.device)
+            planned_at = time.perf_counter()
+            logits = self._execute(plan, sum(c.num_logits for c in scheduled.chunks))
+        except Exception as exc:  # the whole step failed: none of it is applied (ENG-071)
+            failed = self.scheduler.update_from_failure(scheduled, _describe(exc))
+            return self._outputs(failed)
         executed_at = time.perf_counter()
         sampled = self._sample(scheduled, logits)
         sampled_at = time.perf_counter()
@@ -273,14 +284,26 @@ class LLMEngine:
                 observer(report)
         return outputs
 
+    def _execute(self, plan: StepPlan, num_rows: int) -> torch.Tensor:
+        """The runner's logits for ``plan``: ``num_rows`` rows, one per sequence plus the
+        prompt positions whose log-probabilities were asked for."""
+        logits = self.runner.execute(plan)
+        if logits.dim() != 2 or logits.shape[0] != num_rows:
+            raise InvalidRequest(
+                f"the runner returned logits of shape {tuple(logits.shape)} for {num_rows} rows"
+            )
+        return logits
+
     def _sample(
         self, scheduled: SchedulerOutput, logits: torch.Tensor
-    ) -> list[SampledToken | None]:
+    ) -> list[SampledToken | SampleError | None]:
         """The next token of every chunk that completes its sequence, and the first tokens
         of its forks, in one sampler call over the batch (ENG-048).
 
         ``logits`` holds ``chunk.num_logits`` rows per chunk, the last of them the chunk's
         sampling row; the others are prompt positions whose log-probabilities were asked for.
+        A row whose sampling fails (NaN logits, or any error of its own) gets a
+        :class:`SampleError`, the others their token (ENG-070).
         """
         rows: list[SampleRow] = []
         where: list[int] = []
@@ -310,31 +333,74 @@ class LLMEngine:
         if not rows:
             return [None] * len(spans)
         picked = logits.index_select(0, torch.tensor(where, dtype=torch.int64))
-        results = sample_rows(picked, rows, self.scheduler.eos_ids)
-        tokens = [_sampled_token(r, row.params) for r, row in zip(results, rows, strict=True)]
-        return [
-            None
-            if span is None
-            else dataclasses.replace(
-                tokens[span[0]], forks=tuple(tokens[span[0] + 1 : span[0] + span[1]])
-            )
-            for span in spans
+        tokens = self._sample_rows(picked, rows)
+        sampled: list[SampledToken | SampleError | None] = []
+        for span in spans:
+            if span is None:
+                sampled.append(None)
+                continue
+            first, forks = tokens[span[0]], tuple(tokens[span[0] + 1 : span[0] + span[1]])
+            if isinstance(first, SampleError) or not forks:
+                sampled.append(first)  # a failed first sequence takes its forks with it
+            else:
+                sampled.append(dataclasses.replace(first, forks=forks))
+        return sampled
+
+    def _sample_rows(
+        self, logits: torch.Tensor, rows: Sequence[SampleRow]
+    ) -> list[SampledToken | SampleError]:
+        """Every row in one batch; rows with NaN logits fail alone, and if the batch raises
+        anyway, each row is sampled on its own so that only the rows that raise fail."""
+        bad = set(torch.isnan(logits).any(dim=1).nonzero().flatten().tolist())
+        good = [i for i in range(len(rows)) if i not in bad]
+        out: list[SampledToken | SampleError] = [
+            SampleError("sampling failed: the model's logits hold NaN") for _ in rows
         ]
+        try:
+            picked = logits.index_select(0, torch.tensor(good, dtype=torch.int64))
+            results = sample_rows(picked, [rows[i] for i in good], self.scheduler.eos_ids)
+            for i, result in zip(good, results, strict=True):
+                out[i] = _sampled_token(result, rows[i].params)
+        except Exception:  # find the rows that raise: each fails alone
+            for i in good:
+                try:
+                    (result,) = sample_rows(logits[i : i + 1], [rows[i]], self.scheduler.eos_ids)
+                    out[i] = _sampled_token(result, rows[i].params)
+                except Exception as exc:  # this row's own sampling
+                    out[i] = SampleError(f"sampling failed: {_describe(exc)}")
+        return out
 
     def _outputs(self, advanced: Sequence[Request]) -> list[RequestOutput]:
         """Detokenize the sequences that got a token (a stop string ends one here), then the
         output of each request they belong to, in the order of the first; a request whose
-        completions ``best_of`` chooses shows none before it finishes."""
+        completions ``best_of`` chooses shows none before it finishes.
+
+        An error in a sequence's text or stop strings fails it (ENG-070), and a failed
+        sequence fails its whole request: every other sequence of it ends with the same error.
+        """
         groups: dict[str, RequestGroup] = {}
         for sequence in advanced:
-            group = self._requests[sequence.request_id]
-            stop = group.detokenize(sequence)
+            group = self._requests.get(sequence.request_id)
+            if group is None:
+                continue
+            groups.setdefault(group.request_id, group)
+            if sequence.finish_reason is FinishReason.ERROR:
+                continue
+            try:
+                stop = group.detokenize(sequence)
+            except Exception as exc:  # this request's own text: it fails alone
+                self.scheduler.fail(sequence, f"detokenizing failed: {_describe(exc)}")
+                continue
             if stop is not None:
                 self.scheduler.finish(sequence, FinishReason.STOP)
                 sequence.stop_reason = stop
-            groups.setdefault(group.request_id, group)
         outputs = []
         for group in groups.values():
+            error = group.error
+            if error is not None:
+                for sequence in group.sequences:
+                    if not sequence.finished:
+                        self.scheduler.fail(sequence, error)
             if group.finished:
                 self._forget(group)
             if not group.hidden:
@@ -348,7 +414,7 @@ class LLMEngine:
         self._peak_pages = max(self._peak_pages, self.scheduler.kv_stats().pages_in_use)
 
     def _forget(self, group: RequestGroup) -> None:
-        del self._requests[group.request_id]
+        self._requests.pop(group.request_id, None)
 
     # -- observation -----------------------------------------------------------------------
 
@@ -378,6 +444,7 @@ class LLMEngine:
             preemptions=self.scheduler.num_preemptions,
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
+            failed_steps=self.scheduler.num_failed_steps,
         )
 
     def check_invariants(self) -> None:
@@ -416,3 +483,8 @@ def _sampled_token(result: Sampled, params: SamplingParams) -> SampledToken:
     """The scheduler's view of one sampled row."""
     entry = result.token_logprobs() if params.logprobs is not None else None
     return SampledToken(result.token_id, entry, result.logprob)
+
+
+def _describe(exc: Exception) -> str:
+    """An error as a request's failure message: its type and message."""
+    return f"{type(exc).__name__}: {exc}"

@@ -68,6 +68,11 @@ class RequestGroup:
         return all(s.finished for s in self.sequences)
 
     @property
+    def error(self) -> str | None:
+        """Why the request failed: the error of its first sequence that failed (ENG-070)."""
+        return next((s.error for s in self.sequences if s.error is not None), None)
+
+    @property
     def hidden(self) -> bool:
         """Whether outputs wait for the end: ``best_of`` above ``n`` chooses completions only
         once all are done, so none is shown before."""
@@ -113,19 +118,21 @@ class RequestGroup:
     def _returned(self) -> list[Request]:
         """The sequences shown, in index order; once ``best_of`` above ``n`` is done, the
         ``n`` of highest cumulative log-probability, best first."""
-        if self.params.num_sequences > self.params.n and self.finished:
+        if self.params.num_sequences > self.params.n and self.finished and self.error is None:
             ranked = sorted(self.sequences, key=lambda s: -s.cumulative_logprob)
             return ranked[: self.params.n]
         return list(self.sequences)
 
     def _completion(self, index: int, sequence: Request) -> CompletionOutput:
+        """One sequence's completion; a failed one carries no new token or text (ENG-070)."""
         output = sequence.output_token_ids
-        new_ids = output[self.reported[sequence.index] :]
+        failed = sequence.finish_reason is FinishReason.ERROR
+        new_ids = () if failed else output[self.reported[sequence.index] :]
         self.reported[sequence.index] = len(output)
         text = new_text = ""
         if self.detokenizers is not None:
             detokenizer = self.detokenizers[sequence.index]
-            new_text = detokenizer.release(sequence.finished)
+            new_text = "" if failed else detokenizer.release(sequence.finished)
             text = detokenizer.released
         logprobs = sequence.logprobs
         return CompletionOutput(
@@ -154,6 +161,7 @@ class RequestGroup:
             outputs=tuple(self._completion(i, s) for i, s in enumerate(shown)),
             finished=self.finished,
             metrics=self.metrics(),
+            error=self.error,
         )
 
     def metrics(self) -> RequestMetrics:
@@ -169,4 +177,5 @@ class RequestGroup:
             cached_tokens=first.cached_tokens,
             generated_tokens=sum(s.num_output_tokens for s in self.sequences),
             preemptions=sum(s.preemptions for s in self.sequences),
+            first_scheduled_time=first.first_scheduled_time,
         )

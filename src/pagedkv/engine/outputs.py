@@ -12,6 +12,7 @@ class FinishReason(StrEnum):
     STOP = "stop"  # EOS, a stop token or a stop string
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # aborted by the caller
+    ERROR = "error"  # failed alone (ENG-070..072); ``RequestOutput.error`` says why
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,8 @@ class RequestMetrics:
         cached_tokens: prompt tokens served from the prefix cache at its first admission.
         generated_tokens: tokens generated so far.
         preemptions: times it was preempted and later recomputed.
+        first_scheduled_time: when it was first scheduled (left the waiting queue), ``None``
+            before.
     """
 
     arrival_time: float
@@ -53,6 +56,14 @@ class RequestMetrics:
     cached_tokens: int
     generated_tokens: int
     preemptions: int
+    first_scheduled_time: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        """Seconds from arrival to first being scheduled, ``None`` before."""
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
 
     @property
     def ttft(self) -> float | None:
@@ -126,6 +137,8 @@ class RequestOutput:
         outputs: the completions, by index.
         finished: whether every completion has ended.
         metrics: timings and counts.
+        error: why the request failed, else ``None``: one completion that failed ends every
+            other with reason ``error`` too (ENG-070).
     """
 
     request_id: str
@@ -135,6 +148,7 @@ class RequestOutput:
     outputs: tuple[CompletionOutput, ...]
     finished: bool
     metrics: RequestMetrics
+    error: str | None = None
 
     @property
     def num_cached_tokens(self) -> int:
@@ -190,6 +204,8 @@ class EngineStats:
         steps: steps run.
         preemptions: requests preempted.
         running, waiting: requests in each queue now.
+        failed_steps: steps whose model run raised; their requests were retried or failed
+            (ENG-073).
     """
 
     num_pages: int
@@ -205,6 +221,7 @@ class EngineStats:
     preemptions: int
     running: int
     waiting: int
+    failed_steps: int = 0
 
     @property
     def hit_rate(self) -> float:

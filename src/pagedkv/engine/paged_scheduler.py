@@ -12,11 +12,19 @@ pages are freed and it goes back to the head of the queue, to be recomputed (ENG
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.request import Request, RequestStatus
-from pagedkv.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from pagedkv.engine.scheduler import (
+    SampledToken,
+    SampleError,
+    ScheduledChunk,
+    Scheduler,
+    SchedulerOutput,
+)
 from pagedkv.errors import InvariantViolation, OutOfPages
 from pagedkv.interfaces import ForkingKVManager, KVManager, KVStats, PageCopy, PageTable
 from pagedkv.plan import StepPlan, build_paged_plan
@@ -43,7 +51,8 @@ class PagedScheduler(Scheduler):
         super().__init__(config, eos_ids, min(max_model_len, kv.num_pages * kv.page_size))
         self.kv = kv
         self._next_seq_id = 0
-        #: Pages forks asked to copy; the next plan makes the copies before any write.
+        #: Pages forks asked to copy; the next plan makes the copies before any write, and they
+        #: are kept until a step that made them succeeds.
         self._copies: list[PageCopy] = []
 
     # -- scheduling -----------------------------------------------------------------------
@@ -65,7 +74,7 @@ class PagedScheduler(Scheduler):
             i += 1
         if not preempted:
             self._admit(budget, chunks)
-        return SchedulerOutput(tuple(chunks), tuple(preempted))
+        return self._alone_if_last_try(SchedulerOutput(tuple(chunks), tuple(preempted)))
 
     def _grow(self, request: Request, num_tokens: int, out: list[Request]) -> PageTable | None:
         """Reserve ``num_tokens`` positions for ``request``, preempting the newest as needed.
@@ -117,8 +126,15 @@ class PagedScheduler(Scheduler):
 
     def build_plan(self, scheduled: SchedulerOutput, device: torch.device) -> StepPlan:
         chunks = [c.seq_chunk() for c in scheduled.chunks]
-        copies, self._copies = self._copies, []
-        return build_paged_plan(chunks, self.kv.page_size, device, copies)
+        return build_paged_plan(chunks, self.kv.page_size, device, self._copies)
+
+    def update_from_output(
+        self, scheduled: SchedulerOutput, sampled: Sequence[SampledToken | SampleError | None]
+    ) -> list[Request]:
+        """The step ran, so the copies its plan carried are made: forget them, then apply its
+        results (which may fork again). A failed step keeps them for the next plan."""
+        self._copies = []
+        return super().update_from_output(scheduled, sampled)
 
     # -- after the model ran --------------------------------------------------------------
 

@@ -63,6 +63,11 @@ class Request:
     cumulative_logprob: float = 0.0
     stop_reason: int | str | None = None
     publish: bool = True
+    first_scheduled_time: float | None = None
+    #: Consecutive steps it was in whose model run raised (ENG-072); 0 after a step succeeds.
+    step_failures: int = 0
+    #: Why it failed, once finished with reason ``error``.
+    error: str | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -106,4 +111,5 @@ class Request:
             cached_tokens=self.cached_tokens or 0,
             generated_tokens=self.num_output_tokens,
             preemptions=self.preemptions,
+            first_scheduled_time=self.first_scheduled_time,
         )

@@ -7,6 +7,11 @@ them, advances each request's computed positions, commits the pages whose K/V ar
 applies the token-level stop conditions, and finishes and frees those requests. Requests are
 admitted first come, first served (ENG-030).
 
+Failures are the scheduler's to apply too, one request at a time: a request whose own sampling,
+text or stop handling raised is failed alone (:meth:`Scheduler.fail`, ENG-070); a step whose
+model run raised is applied as nothing at all and its requests are tried again, the last time
+each alone, before a request is failed (:meth:`Scheduler.update_from_failure`, ENG-071, ENG-072).
+
 Two implementations, one per cache mode, chosen once by :func:`make_scheduler`:
 :class:`~pagedkv.engine.paged_scheduler.PagedScheduler` (v1, the only caller of the KVManager)
 and :class:`~pagedkv.engine.recompute_scheduler.RecomputeScheduler` (v0, no cache).
@@ -106,7 +111,15 @@ class SampledToken:
     token_id: int
     logprobs: TokenLogprobs | None
     logprob: float = 0.0
-    forks: tuple[SampledToken, ...] = ()
+    forks: tuple[SampledToken | SampleError, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SampleError:
+    """A completed chunk whose sampling (or log-probabilities) raised: its request fails alone
+    with this message (ENG-070)."""
+
+    message: str
 
 
 #: No KV pool: the statistics of a scheduler that keeps no cache.
@@ -130,6 +143,7 @@ class Scheduler(ABC):
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_failed_steps = 0
 
     def add(self, request: Request) -> None:
         """Queue a new request (FCFS)."""
@@ -175,21 +189,27 @@ class Scheduler(ABC):
     # -- after the model ran --------------------------------------------------------------
 
     def update_from_output(
-        self, scheduled: SchedulerOutput, sampled: Sequence[SampledToken | None]
+        self, scheduled: SchedulerOutput, sampled: Sequence[SampledToken | SampleError | None]
     ) -> list[Request]:
-        """Apply a step's results: ``sampled[i]`` is the token of ``scheduled.chunks[i]``, or
-        ``None`` for a chunk that does not complete its sequence.
+        """Apply a step's results: ``sampled[i]`` is the token of ``scheduled.chunks[i]``,
+        ``None`` for a chunk that does not complete its sequence, or a :class:`SampleError`.
 
         Advances every chunk's request (committing the pages it filled), appends the sampled
         tokens, and finishes and frees the requests a token stops (EOS, a stop token,
-        ``max_tokens`` or ``max_model_len``). Returns the requests that got a token, in chunk
-        order.
+        ``max_tokens`` or ``max_model_len``). A chunk whose sampling failed fails its request
+        alone, publishing none of the pages it filled (ENG-070). Returns the requests that got
+        a token or failed, in chunk order.
         """
         if len(sampled) != len(scheduled.chunks):
             raise InvalidRequest(f"{len(sampled)} results for {len(scheduled.chunks)} chunks")
         now = time.perf_counter()
         advanced: list[Request] = []
         for chunk, token in zip(scheduled.chunks, sampled, strict=True):
+            chunk.request.step_failures = 0
+            if isinstance(token, SampleError):
+                self.fail(chunk.request, token.message)
+                advanced.append(chunk.request)
+                continue
             self._computed(chunk)
             if token is None:
                 continue
@@ -216,7 +236,9 @@ class Scheduler(ABC):
         if request.logprobs is not None and token.logprobs is not None:
             request.logprobs.append(token.logprobs)
 
-    def _fork(self, parent: Request, tokens: Sequence[SampledToken], now: float) -> list[Request]:
+    def _fork(
+        self, parent: Request, tokens: Sequence[SampledToken | SampleError], now: float
+    ) -> list[Request]:
         """Bring ``parent``'s unborn sequences to life, each with its first token (ENG-047).
 
         A sequence that token already stops never holds anything. The others share the
@@ -231,6 +253,9 @@ class Scheduler(ABC):
         for child, token in zip(children, tokens, strict=True):
             child.token_ids = list(parent.token_ids)
             child.cached_tokens = parent.cached_tokens
+            if isinstance(token, SampleError):
+                self.fail(child, token.message)
+                continue
             self._add_token(child, token, now)
             reason = self._stop_reason(child, token.token_id)
             if reason is not None:
@@ -262,9 +287,66 @@ class Scheduler(ABC):
             return FinishReason.LENGTH
         return None
 
+    def update_from_failure(self, scheduled: SchedulerOutput, error: str) -> list[Request]:
+        """Apply a step whose model run raised (``error`` says how): as nothing.
+
+        No request advances and no page the step wrote is published (ENG-071): each request
+        keeps the pages it holds and runs the same positions again. Each counts one more
+        failed step; those past ``max_step_retries`` fail with reason ``error`` and are freed
+        (ENG-072). Returns them, in chunk order.
+
+        A request failed by a step that ran it alone is taken for the cause of the failed steps
+        it shared: every other request's count starts again, so its neighbours are not left
+        one unlucky step from failing.
+        """
+        self.num_failed_steps += 1
+        failed: list[Request] = []
+        for chunk in scheduled.chunks:
+            request = chunk.request
+            request.step_failures += 1
+            if request.step_failures > self.config.max_step_retries:
+                tries = request.step_failures
+                self.fail(request, f"{tries} steps running it failed, the last with {error}")
+                failed.append(request)
+        if len(scheduled.chunks) == 1 and failed:
+            for request in (*self.running, *self.waiting):
+                request.step_failures = 0
+        return failed
+
+    def fail(self, request: Request, error: str) -> None:
+        """End ``request`` with reason ``error`` and the message ``error``, freeing what it
+        holds (ENG-070). A request already finished (its last token stopped it) keeps its
+        pages freed and now reports the error."""
+        request.error = error
+        self.finish(request, FinishReason.ERROR)
+
+    def _alone_if_last_try(self, scheduled: SchedulerOutput) -> SchedulerOutput:
+        """``scheduled``, cut down to one chunk of a request that one more failed step would
+        fail, if any: that request runs alone, so a step that fails then fails for its sake
+        only (ENG-072). The chunks left out run in a later step (their requests stay running,
+        holding what they were given).
+
+        Of several such requests, the one that has generated the fewest tokens goes first
+        (the earliest admitted among equals): a request that has never completed a step is
+        the likelier cause, and failing it alone clears the others' counts, so they need no
+        step of their own.
+        """
+        retries = self.config.max_step_retries
+        last_tries = [
+            c for c in scheduled.chunks if retries > 0 and c.request.step_failures >= retries
+        ]
+        if not last_tries or len(scheduled.chunks) == 1:
+            return scheduled
+        chunk = min(last_tries, key=lambda c: c.request.num_output_tokens)
+        return SchedulerOutput((chunk,), scheduled.preempted)
+
     def finish(self, request: Request, reason: FinishReason) -> None:
         """End a waiting or running request now (a stop, a stop string, an abort), freeing
-        what it holds at once (ENG-012)."""
+        what it holds at once (ENG-012). Its unborn forks end with it (ENG-047)."""
+        for child in request.forks:
+            child.error = request.error
+            self.finish(child, reason)
+        request.forks = []
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
             self._release(request)
@@ -281,6 +363,8 @@ class Scheduler(ABC):
         request.num_computed_tokens = num_cached_tokens
         if request.cached_tokens is None:
             request.cached_tokens = num_cached_tokens
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.perf_counter()
         self.running.append(request)
 
 

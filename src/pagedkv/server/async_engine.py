@@ -9,6 +9,11 @@ sleeps on the command queue otherwise.
 Admission (see :mod:`pagedkv.server.admission`) happens at both ends: the prompt count is checked
 when a request is submitted, the queue depth on the engine thread when it is added (where the
 engine's count of waiting requests is exact), and deadlines between steps.
+
+Failures stay with the request they belong to (SRV-023, SRV-024): a request the engine finishes
+with reason ``error``, or whose output the server fails to serve, fails alone, and the rest of
+its submission is aborted; a step that raises is tried again, and only a run of them ends what
+is in flight.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -38,6 +44,10 @@ T = TypeVar("T")
 IDLE_POLL_S = 0.005
 #: Seconds ``shutdown`` waits for the engine thread to end.
 SHUTDOWN_TIMEOUT_S = 10.0
+#: Steps in a row that may raise before every request in flight is ended (SRV-023).
+MAX_STEP_ERRORS = 3
+
+logger = logging.getLogger("pagedkv.server")
 
 
 class EngineUnavailable(PagedKVError):
@@ -45,7 +55,13 @@ class EngineUnavailable(PagedKVError):
 
 
 class EngineFailure(PagedKVError):
-    """A step raised; every request in flight at that moment was ended with this error."""
+    """:data:`MAX_STEP_ERRORS` steps in a row raised; every request in flight at that moment
+    was ended with this error."""
+
+
+class RequestFailed(PagedKVError):
+    """This request failed alone: the engine finished it with reason ``error`` (ENG-070..072),
+    or serving its output failed. The rest of its submission was aborted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,13 +171,15 @@ class GenerationStream:
         """Yield items in step order until every prompt has finished.
 
         Raises:
-            EngineFailure: a step failed; the requests are already ended.
+            RequestFailed: one of its requests failed; the others are aborted.
+            EngineFailure: steps kept failing; the requests are already ended.
             EngineUnavailable: the engine stopped; the requests are already ended.
+            DeadlineExceeded: the submission ran past its deadline; the requests are aborted.
         """
         while self._unfinished:
             item = await self._items.get()
             if isinstance(item, BaseException):
-                self._unfinished.clear()
+                self.abort()  # the submission fails as a whole: free what is left of it
                 raise item
             if item.output.finished:
                 self._unfinished.discard(item.output.request_id)
@@ -202,6 +220,7 @@ class AsyncEngine:
         self._admitting = threading.Event()
         self._admitting.set()
         self._deadlines = Deadlines()
+        self._step_errors = 0
         self.limits = limits if limits is not None else AdmissionLimits()
         self.max_model_len = engine.max_model_len
         self.generation_defaults = engine.generation_defaults
@@ -481,21 +500,51 @@ class AsyncEngine:
     def _step(self) -> None:
         try:
             outputs = self._engine.step()
-        except Exception as exc:  # a bug or a device error: end what was in flight, go on
-            self._end_all(EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}"))
-            self._stats = self._engine.stats()
+        except Exception as exc:  # an engine that does not isolate its failures, or a bug
+            self._step_raised(exc)
             return
+        self._step_errors = 0
         self._stats = self._engine.stats()  # published before any output reaches a handler
         for output in outputs:
             self._observe(output)
-            route = self._routes.get(output.request_id)
-            if route is None:
-                continue
+            self._route(output)
+
+    def _route(self, output: RequestOutput) -> None:
+        """Hand ``output`` to its handler; a failed request, or one whose output cannot be
+        served, fails alone (SRV-024)."""
+        route = self._routes.get(output.request_id)
+        if route is None:
+            return
+        if output.error is not None:  # one completion failed, and with it the request
+            self._fail(output.request_id, route, output.error)
+            return
+        try:
             texts = self._token_texts(output, prompt=not route.seen) if route.token_texts else {}
-            route.seen = True
-            route.sink.put(StreamItem(route.index, output, texts))
-            if output.finished:
-                del self._routes[output.request_id]
+        except Exception as exc:  # this request's own output: it fails alone
+            self._fail(output.request_id, route, f"serving its output failed: {exc!r}")
+            return
+        route.seen = True
+        route.sink.put(StreamItem(route.index, output, texts))
+        if output.finished:
+            del self._routes[output.request_id]
+
+    def _fail(self, request_id: str, route: _Route, error: str) -> None:
+        """End one request with :class:`RequestFailed`, aborting it if it still runs."""
+        logger.warning("request %s failed: %s", request_id, error)
+        route.sink.put(RequestFailed(f"the request failed: {error}"))
+        self._abort([request_id])
+
+    def _step_raised(self, exc: Exception) -> None:
+        """A step raised: step again, unless :data:`MAX_STEP_ERRORS` did in a row; then end
+        what is in flight, which the engine cannot tell apart (SRV-023)."""
+        self._step_errors += 1
+        logger.warning("engine step failed (%d in a row): %r", self._step_errors, exc)
+        if self._step_errors >= MAX_STEP_ERRORS:
+            self._step_errors = 0
+            message = f"{MAX_STEP_ERRORS} engine steps in a row failed, the last: {exc!r}"
+            self._end_all(EngineFailure(message))
+        with contextlib.suppress(Exception):
+            self._stats = self._engine.stats()
 
     def _observe(self, output: RequestOutput) -> None:
         if self._observer is not None:

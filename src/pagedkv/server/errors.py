@@ -16,7 +16,7 @@ from pagedkv.engine.chat_template import InvalidTemplateKwargs
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.errors import InvalidRequest, RequestTooLong
 from pagedkv.server.admission import DeadlineExceeded, QueueFull, TooManyPrompts
-from pagedkv.server.async_engine import EngineFailure, EngineUnavailable
+from pagedkv.server.async_engine import EngineFailure, EngineUnavailable, RequestFailed
 from pagedkv.server.protocol import ErrorInfo, ErrorResponse
 
 E = TypeVar("E", bound=Exception)
@@ -123,6 +123,10 @@ def _failure(exc: EngineFailure) -> APIError:
     return APIError(500, str(exc), error_type="server_error", code="engine_failure")
 
 
+def _request_failed(exc: RequestFailed) -> APIError:
+    return APIError(500, str(exc), error_type="server_error", code="request_failed")
+
+
 def _http(exc: StarletteHTTPException) -> APIError:
     error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
     return APIError(exc.status_code, str(exc.detail), error_type=error_type)
@@ -158,6 +162,7 @@ _CONVERSIONS: tuple[tuple[type[Any], Callable[[Any], APIError]], ...] = (
     (DeadlineExceeded, _deadline),
     (EngineUnavailable, _unavailable),
     (EngineFailure, _failure),
+    (RequestFailed, _request_failed),
     (StarletteHTTPException, _http),
 )
 

@@ -109,6 +109,11 @@ class ServingMetrics:
             "Histogram of e2e request latency in seconds.",
             LATENCY_BUCKETS,
         )
+        self._queue = histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            LATENCY_BUCKETS,
+        )
         self._decode = histogram(
             "vllm:request_decode_time_seconds",
             "Histogram of time spent in DECODE phase for request.",
@@ -167,6 +172,8 @@ class ServingMetrics:
             self._success.labels(self._model_name, reason).inc()
             if metrics.finished_time is not None:
                 self._e2e.observe(metrics.finished_time - metrics.arrival_time)
+            if metrics.queue_time is not None:
+                self._queue.observe(metrics.queue_time)
             if metrics.decode_time is not None:
                 self._decode.observe(metrics.decode_time)
             self._prompt_hist.observe(metrics.prompt_tokens)
@@ -254,6 +261,11 @@ def _pagedkv_metrics(stats: EngineStats) -> Iterator[Metric]:
     for name, doc, value in pages:
         yield GaugeMetricFamily(name, doc, value=value)
     yield CounterMetricFamily("pagedkv_engine_steps", "Engine steps run.", value=stats.steps)
+    yield CounterMetricFamily(
+        "pagedkv_engine_failed_steps",
+        "Engine steps whose model run raised; their requests were run again or failed.",
+        value=stats.failed_steps,
+    )
     yield CounterMetricFamily(
         "pagedkv_prefill_tokens",
         "Prompt positions the model computed (prefix-cache hits excluded).",

@@ -89,7 +89,8 @@ def completion_prompts(prompt: str | list[str] | list[int] | list[list[int]]) ->
 
 
 def finish_reason(completion: CompletionOutput) -> str | None:
-    """OpenAI's ``finish_reason``: ``stop``, ``length`` (``abort`` never reaches a client)."""
+    """OpenAI's ``finish_reason``: ``stop``, ``length`` (``abort`` and ``error`` never reach a
+    client: the request was aborted, or answered with an error)."""
     return None if completion.finish_reason is None else str(completion.finish_reason)
 
 

@@ -63,6 +63,28 @@ class HashRunner:
         return [sum(step) for step in self.steps]
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
+        return self.peaked_logits(self.row_targets(plan, self.contexts(plan)))
+
+    @staticmethod
+    def row_of(plan: StepPlan, row: int) -> tuple[int, int]:
+        """``(sequence, rows after it in its chunk)`` of the step's query row ``row``."""
+        starts = plan.attention.query_start.tolist()
+        b = bisect.bisect_right(starts, row) - 1
+        return b, starts[b + 1] - 1 - row
+
+    def row_targets(self, plan: StepPlan, contexts: list[list[int]]) -> list[int]:
+        """The next token at each row of ``plan.logits_indices``: each sequence's last row,
+        or every row of a chunk asking for all its logits (prompt log-probabilities)."""
+        targets = []
+        for row in plan.logits_indices.tolist():
+            b, later = self.row_of(plan, row)
+            targets.append(next_token(contexts[b][: len(contexts[b]) - later], self._vocab))
+        return targets
+
+    def contexts(self, plan: StepPlan) -> list[list[int]]:
+        """Run the cache side of ``plan``: store its tokens at its slots, then read each
+        sequence's whole context back through its page table (v1), or take the chunk itself
+        (v0). Records the step in :attr:`steps`."""
         batch = plan.attention
         starts = batch.query_start.tolist()
         self.steps.append([b - a for a, b in itertools.pairwise(starts)])
@@ -74,7 +96,7 @@ class HashRunner:
         if plan.slot_mapping is not None:
             self.slots[plan.slot_mapping] = plan.input_ids
             self.written[plan.slot_mapping] = True
-        contexts = []
+        contexts: list[list[int]] = []
         for b, context_len in enumerate(batch.context_lens.tolist()):
             if batch.page_tables is None:
                 context = plan.input_ids[starts[b] : starts[b + 1]]
@@ -87,11 +109,11 @@ class HashRunner:
                     raise InvalidRequest(f"sequence {b} reads a slot nothing was written to")
                 context = self.slots[slot]
             contexts.append(context.tolist())
-        rows = []
-        for row in plan.logits_indices.tolist():
-            b = bisect.bisect_right(starts, row) - 1
-            end = len(contexts[b]) - (starts[b + 1] - 1 - row)  # context up to that row
-            rows.append(next_token(contexts[b][:end], self._vocab))
-        target = torch.tensor(rows).unsqueeze(1)
+        return contexts
+
+    def peaked_logits(self, targets: list[int]) -> torch.Tensor:
+        """``[len(targets), vocab]`` logits peaking at each target (0) and falling off by 0.5
+        a token (mod vocab)."""
+        target = torch.tensor(targets).unsqueeze(1)
         distance = (torch.arange(self._vocab).unsqueeze(0) - target) % self._vocab
         return -0.5 * distance.to(torch.float32)
