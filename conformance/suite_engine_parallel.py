@@ -159,6 +159,7 @@ class EngineParallelSuite:
         assert isinstance(backend, EngineBackend)
         eut = build_engine(backend)
         params = dataclasses.replace(SAMPLED, n=3, max_tokens=6)
+        poison: tuple[int, ...]
         if fails_at == "first token":
             prompt, poison, at = [100, 99, 98, 5, 6], (100, 99, 98), 0
         else:
