@@ -22,8 +22,9 @@ $(VENV)/.installed: pyproject.toml
 # The radix prefix index is held to the KVManager examples and the engine suites; the KVManager
 # state machine's oracle follows the chained-hash index where the spec leaves room (see README).
 RADIX_SUITES := pagedkv_conformance.test_kv_manager pagedkv_conformance.test_kv_match \
-	pagedkv_conformance.test_engine pagedkv_conformance.test_engine_observers \
-	pagedkv_conformance.test_engine_isolation pagedkv_conformance.test_engine_state_machine
+	pagedkv_conformance.test_kv_fork pagedkv_conformance.test_engine \
+	pagedkv_conformance.test_engine_observers pagedkv_conformance.test_engine_isolation \
+	pagedkv_conformance.test_engine_state_machine pagedkv_conformance.test_engine_parallel
 
 # The embedded model on a batch sharing a long system prompt, prefix caching on and off.
 demo: install

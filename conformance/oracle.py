@@ -16,7 +16,10 @@ Where the spec leaves a choice, the oracle follows the reference implementation:
 * committing a page whose prefix has an entry with a different parent (a stale orphan) stops
   publication for the rest of that sequence;
 * fresh pages come from the free list first, then by evicting the least recently released
-  cached page that the same allocation does not hit (KVM-024, KVM-026).
+  cached page that the same allocation does not hit (KVM-024, KVM-026);
+* a fork (KVM-037) shares the parent's full pages, takes the copy of a partial last page like
+  any fresh page, and continues the parent's chain; a page two forked sequences share is
+  published by whichever commits it first (the other finds the entry, as for a duplicate).
 
 A page is *in flight* (KVM-036) for a live sequence from its allocation until it commits the
 page, frees, or stops publishing: the full pages of the prompt it was allocated for, after its
@@ -94,6 +97,15 @@ class OracleAllocation:
     num_cached_tokens: int
     num_hit_pages: int
     num_new_pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class OracleFork:
+    """What the oracle's fork did: ``pages`` is the new table; ``copy`` is ``(src, dst)`` of
+    the partial last page, ``None`` when the reservation ends on a page boundary."""
+
+    pages: tuple[int, ...]
+    copy: tuple[int, int] | None
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
@@ -275,6 +287,29 @@ class KVOracle:
         seq.num_tokens = num_tokens
         self.version += 1
         return fresh
+
+    def fork(self, seq_id: int, new_seq_id: int) -> OracleFork:
+        """Share the full pages, copy a partial last page to a fresh one, continue the chain;
+        the new sequence has no prompt, so nothing of it is in flight (KVM-037..039)."""
+        seq = self._sequence(seq_id)
+        if new_seq_id in self.sequences:
+            raise DuplicateSequence(new_seq_id)
+        partial = seq.num_tokens % self.page_size != 0
+        shared = seq.pages[:-1] if partial else list(seq.pages)
+        fresh = self._take_fresh(1, set()) if partial else []
+        for page in shared:
+            self.ref[page] += 1
+        self.sequences[new_seq_id] = OracleSequence(
+            pages=shared + fresh,
+            num_tokens=seq.num_tokens,
+            salt=seq.salt,
+            committed_pages=seq.committed_pages,
+            tail=seq.tail,
+            broken=seq.broken,
+        )
+        self.freed.discard(new_seq_id)
+        self.version += 1
+        return OracleFork(tuple(shared + fresh), (seq.pages[-1], fresh[0]) if partial else None)
 
     def commit(self, seq_id: int, token_ids: Sequence[int]) -> int:
         seq = self._sequence(seq_id)

@@ -36,7 +36,7 @@ from pagedkv.errors import (
     PagedKVError,
     UnknownSequence,
 )
-from pagedkv.interfaces import KVManager, PageTable, PrefixMatch
+from pagedkv.interfaces import ForkingKVManager, KVManager, PageCopy, PageTable, PrefixMatch
 
 from .loading import MakeKVManager
 from .oracle import KVOracle, NeverAllocated, OracleMatch, pages_for
@@ -345,6 +345,42 @@ class KVManagerMachine(RuleBasedStateMachine):
         if data.draw(st.booleans(), label="write and commit the reservation"):
             self._commit(seq_id, num_tokens)
 
+    @precondition(lambda self: bool(self.live) and "fork" in self.capabilities)
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        """Fork a live sequence (or an unknown or freed one, or onto a live id): the full
+        pages are the parent's very pages, a partial last page is a fresh page named as the
+        copy of the parent's; then maybe commit the fork's reservation."""
+        kv = self.kv
+        assert isinstance(kv, ForkingKVManager), "the backend declares fork"
+        parent = self._draw_live(data)
+        child = self.next_id
+        kind = data.draw(st.sampled_from(["new", "new", "new", "onto-live", "of-freed"]))
+        if kind == "onto-live":
+            child = self._draw_live(data)
+        elif kind == "of-freed" and self.freed:
+            parent = data.draw(st.sampled_from(self.freed), label="freed parent")
+        if child == self.next_id:
+            self.next_id += 1
+        outcome = self._run(lambda: kv.fork(parent, child), lambda: self.oracle.fork(parent, child))
+        if outcome is None:
+            return
+        got, want = outcome.got, outcome.want
+        table, source = got.page_table, kv.page_table(parent)
+        assert table == kv.page_table(child)
+        assert (table.seq_id, table.num_tokens) == (child, source.num_tokens)
+        shared = len(want.pages) - (want.copy is not None)
+        assert table.pages[:shared] == source.pages[:shared], (table, source)
+        if want.copy is None:
+            assert got.copies == (), got
+        else:
+            assert got.copies == (PageCopy(source.pages[-1], table.pages[-1]),), got
+            self._map_fresh(child, table.pages[-1:], [want.pages[-1]])
+        self.live[child] = self.live[parent][: table.num_tokens]
+        self.salts[child] = self.salts[parent]
+        if data.draw(st.booleans(), label="commit the fork's reservation"):
+            self._commit(child, table.num_tokens)
+
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
     def commit(self, data: st.DataObject) -> None:
@@ -532,6 +568,9 @@ class KVStateMachineSuite:
         "KVM-034",
         "KVM-035",
         "KVM-036",
+        "KVM-037",
+        "KVM-038",
+        "KVM-039",
     )
     def test_kv_manager_matches_the_oracle(
         self, make_kv_manager: MakeKVManager, backend_capabilities: frozenset[str]

@@ -302,12 +302,18 @@ def test_demo() -> None:
     assert saved is not None
     assert int(saved.group(1)) > 0
     for row in (
+        "time to first token (ms)",
+        "prefill step time (s)",
         "wall time (s)",
         "generated tokens/s",
         "peak KV pages in use",
         "KV pages in use now",
     ):
         assert re.search(rf"^{re.escape(row)}\s+\S+\s+\S+$", out, re.MULTILINE), row
+    saved_line = re.search(r"^prefix caching saved (\d+) prefill tokens and ", out, re.MULTILINE)
+    assert saved_line is not None
+    assert int(saved_line.group(1)) > 0
+    assert re.search(r"^why the wall time moves little: .*decode steps", out, re.MULTILINE)
     assert "identical greedy outputs with prefix caching on and off: yes" in out
 
 

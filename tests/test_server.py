@@ -357,9 +357,12 @@ def test_request_past_the_limit_is_400(server: Served) -> None:
 
 
 @pytest.mark.spec("SRV-006", "SRV-010")
-def test_n_other_than_one_is_400(server: Served) -> None:
-    body = {"model": MODEL, "prompt": "x", "n": 2}
+def test_n_below_one_and_best_of_below_n_are_400(server: Served) -> None:
+    body = {"model": MODEL, "prompt": "x", "n": 0}
     assert error_of(httpx.post(f"{server.url}/v1/completions", json=body), 400)["param"] == "n"
+    body = {"model": MODEL, "prompt": "x", "n": 3, "best_of": 2}
+    error = error_of(httpx.post(f"{server.url}/v1/completions", json=body), 400)
+    assert error["param"] == "best_of"
 
 
 # -- request lifetime ---------------------------------------------------------------------------

@@ -148,7 +148,8 @@ def test_unknown_fields_are_logged_as_ignored(
         "prompt": PROMPT,
         "max_tokens": 2,
         "user": "someone",
-        "frequency_penalty": 0.5,
+        "frequency_penalty": 0.5,  # declared and honored: not reported
+        "store": True,
         "stream_options_typo": True,
     }
     with caplog.at_level(logging.WARNING, logger="pagedkv.server"):
@@ -161,7 +162,11 @@ def test_unknown_fields_are_logged_as_ignored(
     assert chat.status_code == 200, chat.text
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(
-        "ignored" in w and "'frequency_penalty'" in w and "'user'" in w and "'max_tokens'" not in w
+        "ignored" in w
+        and "'store'" in w
+        and "'user'" in w
+        and "'frequency_penalty'" not in w
+        and "'max_tokens'" not in w
         for w in warnings
     ), warnings
     assert any("'messages.0.name'" in w for w in warnings), warnings

@@ -11,13 +11,11 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagedkv.errors import CheckpointError
-
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
     from pagedkv.interfaces import Engine
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
 #: Width of wrapped help text, characters.
 HELP_WIDTH = 79
 
@@ -73,7 +71,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="most positions one sequence may reach, prompt included (default 2048)",
     )
     group.add_argument(
-        "--dtype", choices=DTYPES, default="float32", help="parameter dtype (default float32)"
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="parameter dtype; auto takes the checkpoint's (config.json dtype or torch_dtype) "
+        "(default float32)",
     )
     group.add_argument(
         "--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)"
@@ -94,25 +96,15 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_model_dir(value: str | None) -> Path:
-    """The model directory a ``--model`` value names (the embedded model for ``None``).
+    """The model directory a ``--model`` value names: a directory, a hub id in the local
+    Hugging Face cache, or the embedded model for ``None``.
 
     Raises:
-        CheckpointError: the directory does not exist, or the embedded model is missing.
+        CheckpointError: no such directory or cached id, or the embedded model is missing.
     """
-    if value is None:
-        from pagedkv.assets import default_model_dir, has_default_model
+    from pagedkv.model_source import resolve_model
 
-        if not has_default_model():
-            raise CheckpointError(
-                "the embedded default model is missing from this installation; pass --model DIR"
-            )
-        return default_model_dir()
-    path = Path(value)
-    if not path.exists():
-        raise CheckpointError(f"model directory {value} does not exist")
-    if not path.is_dir():
-        raise CheckpointError(f"{value} is not a directory")
-    return path
+    return resolve_model(value)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -134,8 +126,16 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-def load_engine(model_dir: Path, config: EngineConfig, args: argparse.Namespace) -> Engine:
-    """Load the checkpoint in ``model_dir`` with ``--dtype`` and ``--device``.
+def load_engine(
+    model_dir: Path,
+    config: EngineConfig,
+    args: argparse.Namespace,
+    generation_config: str = "auto",
+) -> Engine:
+    """Load the checkpoint in ``model_dir`` with ``--dtype`` and ``--device``; the sampling
+    defaults of ``generation_config`` (``auto``, ``vllm`` or a directory, see
+    :meth:`~pagedkv.engine.generation_config.GenerationDefaults.load`) apply to requests that
+    leave a field out (``generate`` passes every field, so it takes none).
 
     Raises:
         CheckpointError: a missing or malformed file (``UnsupportedModel`` for an architecture
@@ -144,4 +144,10 @@ def load_engine(model_dir: Path, config: EngineConfig, args: argparse.Namespace)
     """
     from pagedkv.backend import load_engine as load_reference_engine
 
-    return load_reference_engine(model_dir, config, dtype=args.dtype, device=args.device)
+    return load_reference_engine(
+        model_dir,
+        config,
+        dtype=args.dtype,
+        device=args.device,
+        generation_config=generation_config,
+    )

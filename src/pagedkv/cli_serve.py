@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from pagedkv.cli_engine import (
@@ -62,6 +63,14 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
     _add_admission_flags(parser)
     _add_auth_flags(parser)
     add_engine_flags(parser)
+    parser.add_argument(
+        "--generation-config",
+        metavar="SOURCE",
+        default="auto",
+        help="sampling defaults for fields a request leaves out: auto (the model's "
+        "generation_config.json), vllm (none: OpenAI's defaults), or a directory holding a "
+        "generation_config.json (default auto)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -214,10 +223,10 @@ def run(args: argparse.Namespace) -> int:
     model_dir = resolve_model_dir(args.model)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("pagedkv").setLevel(args.log_level.upper())
-    engine = load_engine(model_dir, config, args)
-    name = args.served_model_name or (
-        DEFAULT_MODEL_NAME if args.model is None else model_dir.resolve().name
-    )
+    engine = load_engine(model_dir, config, args, args.generation_config)
+    name = args.served_model_name or DEFAULT_MODEL_NAME
+    if args.model is not None:  # a hub id is served under its id, as vLLM does
+        name = model_dir.resolve().name if Path(args.model).is_dir() else args.model
     app = create_app(engine, name, args.max_body_bytes, config=server_config)
     logging.getLogger("pagedkv.server").info(
         "listening on http://%s:%d/v1", options.host, options.port

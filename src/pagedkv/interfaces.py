@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     import torch
 
     from pagedkv.engine.config import EngineConfig
+    from pagedkv.engine.generation_config import GenerationDefaults
     from pagedkv.engine.outputs import EngineStats, RequestOutput, StepReport
     from pagedkv.engine.params import SamplingParams
+    from pagedkv.engine.prompts import PromptType
     from pagedkv.engine.tokenizer import Tokenizer
     from pagedkv.plan import StepPlan
 
@@ -41,6 +43,7 @@ CAPABILITIES: frozenset[str] = frozenset(
         "model",  # create_model_runner runs a Qwen3 checkpoint (golden tests)
         "engine",  # create_engine returns an Engine
         "cuda",  # the store / model can run on a CUDA device
+        "fork",  # create_kv_manager returns a ForkingKVManager (KVM-037..039)
     }
 )
 
@@ -142,6 +145,34 @@ class PrefixMatch:
     num_cached_tokens: int
     num_in_flight_tokens: int
     state: object
+
+
+@dataclass(frozen=True, slots=True)
+class PageCopy:
+    """A page whose K/V must be copied before a sequence uses it (KVM-037).
+
+    Attributes:
+        src: the physical page to read.
+        dst: the physical page to write, a fresh page of the sequence that needs the copy.
+    """
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """What :meth:`ForkingKVManager.fork` did.
+
+    Attributes:
+        page_table: the new sequence's page table.
+        copies: pages whose K/V the caller must copy (through the PagedStore) before either
+            sequence writes into them: the parent's partial last page into the new sequence's
+            own page; empty when the reservation ends on a page boundary.
+    """
+
+    page_table: PageTable
+    copies: tuple[PageCopy, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +318,33 @@ class KVManager(Protocol):
         ...
 
 
+@runtime_checkable
+class ForkingKVManager(KVManager, Protocol):
+    """A KVManager that can fork a sequence (the ``fork`` capability, KVM-037..039).
+
+    Parallel sampling runs ``n`` sequences from one prompt: the prompt is computed once and the
+    sequence forked ``n - 1`` times, sharing its pages instead of computing them again.
+    """
+
+    def fork(self, seq_id: int, new_seq_id: int) -> Fork:
+        """Open ``new_seq_id`` as a copy of live sequence ``seq_id``'s reservation.
+
+        Every full page is shared (one more holder, nothing copied). A partial last page
+        would be written by both sequences, so the new sequence gets a fresh page in its
+        place and the result names the copy to make (``PageCopy(parent's page, fresh page)``);
+        the manager never touches a tensor. The new sequence continues the parent's prefix
+        chain: pages the parent committed count as committed for it.
+
+        Precondition: every reserved position of ``seq_id`` has its K/V written (the caller
+        forks after the step that computed them). All or nothing: an unknown or freed
+        ``seq_id`` (:class:`~pagedkv.errors.UnknownSequence`,
+        :class:`~pagedkv.errors.DoubleFree`), a ``new_seq_id`` that holds pages
+        (:class:`~pagedkv.errors.DuplicateSequence`) or no page for the copy
+        (:class:`~pagedkv.errors.OutOfPages`) raises, changing nothing (KVM-038).
+        """
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
     """Shape of a PagedStore's page pool.
@@ -342,6 +400,14 @@ class PagedStore(Protocol):
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V stored at ``slots``, shaped ``[len(slots), num_kv_heads, head_dim]``."""
+        ...
+
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy, in every layer, the K and V of page ``src[i]`` into page ``dst[i]`` (PST-006).
+
+        ``src`` and ``dst`` are 1-D integer tensors of equal length; the ``dst`` pages are
+        distinct and none is a ``src`` page. This is how a fork's partial page becomes the new
+        sequence's own (KVM-037): the KVManager names the copy, the store makes it."""
         ...
 
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
@@ -454,9 +520,15 @@ class Engine(Protocol):
         """Most positions one sequence may reach, prompt included (ENG-033, ENG-034)."""
         ...
 
+    @property
+    def generation_defaults(self) -> GenerationDefaults:
+        """The model's sampling defaults, which a request without its own values takes
+        (ENG-080)."""
+        ...
+
     def add_request(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         request_id: str | None = None,
@@ -479,7 +551,7 @@ class Engine(Protocol):
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         cache_salt: str | None = None,

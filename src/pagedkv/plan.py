@@ -10,13 +10,14 @@ model and the store never re-check a plan's ranges per layer.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import AttentionBatch
+from pagedkv.interfaces import AttentionBatch, PageCopy
 
 
 @dataclass(frozen=True)
@@ -31,13 +32,18 @@ class StepPlan:
         positions: ``[T]`` int64 position of each token in its own sequence.
         attention: which rows belong to which sequence, their context lengths, and (v1) their
             page tables and the slots this step's K/V are written to.
-        logits_indices: ``[B]`` int64 rows whose logits are wanted (each sequence's last row).
+        logits_indices: int64 rows whose logits are wanted: each sequence's last row, or all
+            its rows for a chunk whose ``all_logits`` is set, in sequence order.
+        page_copies: ``[2, C]`` int64 pages to copy before the step writes anything: row 0
+            the sources, row 1 the targets (the partial pages of forked sequences, KVM-037);
+            ``None`` when there is nothing to copy.
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     attention: AttentionBatch
     logits_indices: torch.Tensor
+    page_copies: torch.Tensor | None = None
 
     @property
     def slot_mapping(self) -> torch.Tensor | None:
@@ -53,7 +59,7 @@ class StepPlan:
     @property
     def num_seqs(self) -> int:
         """``B``: sequences in the step."""
-        return int(self.logits_indices.shape[0])
+        return int(self.attention.context_lens.shape[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +71,14 @@ class SeqChunk:
         start_position: position of ``token_ids[0]`` in the sequence; the tokens before it
             already have K/V in the cache (v1) or are absent (v0, where it is always 0).
         pages: the sequence's page table (physical pages), empty for v0.
+        all_logits: the logits of every row are wanted (prompt log-probabilities), not only
+            the last row's.
     """
 
     token_ids: tuple[int, ...]
     start_position: int
     pages: tuple[int, ...] = ()
+    all_logits: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +89,13 @@ class _Flat:
     positions: list[int]
     starts: list[int]
     context_lens: list[int]
+    logits_rows: list[int]
 
 
 def _flatten(chunks: Sequence[SeqChunk]) -> _Flat:
     if not chunks:
         raise InvalidRequest("a step plan needs at least one sequence")
-    flat = _Flat([], [], [0], [])
+    flat = _Flat([], [], [0], [], [])
     for chunk in chunks:
         if not chunk.token_ids:
             raise InvalidRequest("every scheduled sequence must compute at least one token")
@@ -94,6 +104,8 @@ def _flatten(chunks: Sequence[SeqChunk]) -> _Flat:
         end = chunk.start_position + len(chunk.token_ids)
         flat.ids.extend(chunk.token_ids)
         flat.positions.extend(range(chunk.start_position, end))
+        first = len(flat.ids) - len(chunk.token_ids) if chunk.all_logits else len(flat.ids) - 1
+        flat.logits_rows.extend(range(first, len(flat.ids)))
         flat.starts.append(len(flat.ids))
         flat.context_lens.append(end)
     return flat
@@ -119,17 +131,21 @@ def _plan(
             page_tables=page_tables,
             slot_mapping=slot_mapping,
         ),
-        logits_indices=query_start[1:] - 1,
+        logits_indices=_tensor(flat.logits_rows, device),
     )
 
 
 def build_paged_plan(
-    chunks: Sequence[SeqChunk], page_size: int, device: torch.device | str = "cpu"
+    chunks: Sequence[SeqChunk],
+    page_size: int,
+    device: torch.device | str = "cpu",
+    copies: Sequence[PageCopy] = (),
 ) -> StepPlan:
     """Flatten ``chunks`` into a plan over a paged KV cache (v1).
 
     Each chunk's pages must cover its context (positions ``0..start + len(token_ids) - 1``);
-    the slots of its new tokens are computed here from its pages.
+    the slots of its new tokens are computed here from its pages. ``copies`` are made before
+    the step writes anything.
 
     Raises:
         InvalidRequest: no chunk, an empty chunk, a negative start, or pages that do not cover
@@ -149,7 +165,11 @@ def build_paged_plan(
         )
     width = max(len(c.pages) for c in chunks)
     tables = [[*c.pages, *([0] * (width - len(c.pages)))] for c in chunks]
-    return _plan(flat, device, _tensor(tables, device), _tensor(slots, device))
+    plan = _plan(flat, device, _tensor(tables, device), _tensor(slots, device))
+    if not copies:
+        return plan
+    pairs = [[c.src for c in copies], [c.dst for c in copies]]
+    return dataclasses.replace(plan, page_copies=_tensor(pairs, device))
 
 
 def build_recompute_plan(

@@ -25,6 +25,8 @@ WORKLOADS = (
     "mixed",
     "scaling",
     "decode",
+    "detokenize",
+    "parallel",
 )
 
 

@@ -14,10 +14,12 @@ import torch
 from pagedkv.bench import (
     attention,
     decode,
+    detokenize,
     gate,
     memory,
     micro,
     mixed,
+    parallel,
     plots,
     scaling,
     scheduling,
@@ -47,6 +49,8 @@ def _runners() -> dict[str, Runner]:
         "mixed": mixed.run,
         "scaling": scaling.run,
         "decode": lambda ctx, ck, vocab: decode.run(ctx),
+        "detokenize": lambda ctx, ck, vocab: detokenize.run(ctx, ck),
+        "parallel": lambda ctx, ck, vocab: parallel.run(ctx, ck),
     }
 
 

@@ -13,20 +13,26 @@ fails). ``step()`` never raises for either.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
+import uuid
 from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 
 import torch
 
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.detokenizer import IncrementalDetokenizer
+from pagedkv.engine.generation_config import GenerationDefaults
+from pagedkv.engine.group import RequestGroup
 from pagedkv.engine.outputs import EngineStats, FinishReason, RequestOutput, StepReport
-from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.request import Request
-from pagedkv.engine.sampler import sample, token_logprobs
+from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
+from pagedkv.engine.prompts import PromptType, parse_prompt
+from pagedkv.engine.request import Request, RequestStatus
+from pagedkv.engine.sampler import Sampled, SampleRow, sample_rows
 from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput, make_scheduler
-from pagedkv.engine.tokenizer import IncrementalText, Tokenizer
+from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest, RequestTooLong
 from pagedkv.interfaces import KVManager, StepRunner
 from pagedkv.plan import StepPlan
@@ -45,6 +51,8 @@ class LLMEngine:
             (:meth:`pagedkv.backend.ReferenceBackend.create_engine`); a v0 engine takes none.
         tokenizer: turns text prompts into ids and ids into text; optional.
         eos_ids: tokens that end a request unless it ignores EOS.
+        generation_defaults: the model's sampling defaults (``generation_config.json``),
+            applied to a request given no SamplingParams (ENG-080).
 
     Raises:
         InvalidRequest: a v1 config without ``kv_manager``, or a v0 config with one.
@@ -58,17 +66,18 @@ class LLMEngine:
         kv_manager: KVManager | None = None,
         tokenizer: Tokenizer | None = None,
         eos_ids: frozenset[int] = frozenset(),
+        generation_defaults: GenerationDefaults | None = None,
     ) -> None:
         self.runner = runner
         self.config = config
         self.tokenizer = tokenizer
+        self.generation_defaults = generation_defaults or GenerationDefaults()
         limit = config.max_model_len
         if runner.max_positions is not None:  # never past what the model was trained for
             limit = min(limit, runner.max_positions)
         self.scheduler = make_scheduler(config, kv_manager, eos_ids=eos_ids, max_model_len=limit)
         self.max_model_len = self.scheduler.max_model_len
-        self._requests: dict[str, Request] = {}
-        self._texts: dict[str, IncrementalText] = {}
+        self._requests: dict[str, RequestGroup] = {}
         self._observers: list[StepObserver] = []
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(0)
@@ -96,16 +105,25 @@ class LLMEngine:
 
     def add_request(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         request_id: str | None = None,
         cache_salt: str | None = None,
     ) -> str:
         """Queue a request; returns its id. Raises a typed error, queuing nothing, if it is
-        invalid or could never fit (ENG-033)."""
-        params = params or SamplingParams()
-        prompt_ids = self._prompt_ids(prompt)
+        invalid or could never fit (ENG-033).
+
+        ``prompt`` is text, token ids, or a vLLM prompt dict (ENG-062). Without ``params`` the
+        model's generation defaults apply (ENG-080).
+        """
+        params = params or self.generation_defaults.sampling_params()
+        parsed = parse_prompt(prompt)
+        if parsed.cache_salt is not None:
+            if cache_salt is not None and cache_salt != parsed.cache_salt:
+                raise InvalidRequest("the prompt's cache_salt differs from the cache_salt given")
+            cache_salt = parsed.cache_salt
+        prompt_ids = self._prompt_ids(parsed.text, parsed.token_ids)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
@@ -115,36 +133,89 @@ class LLMEngine:
                 f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} = {total} "
                 f"exceeds the {self.max_model_len} positions one sequence may hold"
             )
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequest("stop strings need a tokenizer")
-        generator = None
-        if not params.greedy:
-            seed = params.seed
-            if seed is None:
-                seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source).item())
-            generator = torch.Generator().manual_seed(seed)
-        request = Request(
-            request_id=request_id,
-            prompt_token_ids=tuple(prompt_ids),
-            params=params,
-            cache_salt=cache_salt,
-            arrival_time=time.perf_counter(),
-            generator=generator,
-            logprobs=[] if params.logprobs is not None else None,
-        )
-        self._requests[request_id] = request
+        self._check_params(params)
+        sequences = self._sequences(request_id, prompt_ids, params, cache_salt)
+        detokenizers = None
         if self.tokenizer is not None:
-            self._texts[request_id] = IncrementalText(self.tokenizer, params.stop)
-        self.scheduler.add(request)
+            tokenizer = self.tokenizer
+            detokenizers = [
+                IncrementalDetokenizer(tokenizer.incremental_decoder(), params) for _ in sequences
+            ]
+        group = RequestGroup(request_id, parsed.text, sequences, detokenizers)
+        if params.prompt_logprobs is not None:
+            group.prompt_logprobs = [None] * len(prompt_ids)
+        self._requests[request_id] = group
+        self.scheduler.add(sequences[0])
         return request_id
 
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
+    def _check_params(self, params: SamplingParams) -> None:
+        """What SamplingParams cannot check alone: it needs the engine's limits."""
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequest("stop strings need a tokenizer")
+        if params.num_sequences > self.scheduler.config.max_num_seqs:
+            raise InvalidSamplingParams(
+                f"{params.num_sequences} sequences (n, best_of) exceed max_num_seqs="
+                f"{self.scheduler.config.max_num_seqs}"
+            )
+        vocab = self.runner.vocab_size
+        outside = [t for t, _ in params.bias if t >= vocab]
+        if outside:
+            raise InvalidSamplingParams(
+                f"logit_bias names token ids {outside[:5]} outside the vocabulary of {vocab}"
+            )
+
+    def _sequences(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        cache_salt: str | None,
+    ) -> list[Request]:
+        """The request's sequences: the first queued, the others its unborn forks (ENG-047).
+
+        Each samples with its own generator: seeded ``seed + index``, as vLLM seeds the
+        children of a parallel-sampling request. A request asking for prompt
+        log-probabilities computes its whole prompt: it takes a salt of its own and publishes
+        nothing (ENG-049).
+        """
+        publish = params.prompt_logprobs is None
+        if not publish:
+            cache_salt = f"\x00prompt-logprobs {uuid.uuid4().hex}"
+        arrival = time.perf_counter()
+        sequences = []
+        for index in range(params.num_sequences):
+            generator = None
+            if not params.greedy:
+                seed = params.seed
+                if seed is None:
+                    seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source).item())
+                else:
+                    seed = (seed + index) % 2**64
+                generator = torch.Generator().manual_seed(seed)
+            sequences.append(
+                Request(
+                    request_id=request_id,
+                    prompt_token_ids=tuple(prompt_ids),
+                    params=params,
+                    cache_salt=cache_salt,
+                    arrival_time=arrival,
+                    generator=generator,
+                    logprobs=[] if params.logprobs is not None else None,
+                    index=index,
+                    publish=publish,
+                    status=RequestStatus.WAITING if index == 0 else RequestStatus.UNBORN,
+                )
+            )
+        sequences[0].forks = sequences[1:]
+        return sequences
+
+    def _prompt_ids(self, text: str | None, token_ids: Sequence[int] | None) -> list[int]:
+        if text is not None:
             if self.tokenizer is None:
                 raise InvalidRequest("a text prompt needs a model directory with a tokenizer")
-            ids = self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(text)
         else:
-            ids = [int(t) for t in prompt]
+            ids = list(token_ids or ())
         if not ids:
             raise InvalidRequest("the prompt is empty")
         vocab = self.runner.vocab_size
@@ -156,12 +227,14 @@ class LLMEngine:
     def abort(self, request_id: str) -> RequestOutput | None:
         """End a request now and free every page it holds (ENG-012). Returns its final output,
         or ``None`` if it had already finished."""
-        request = self._requests.get(request_id)
-        if request is None:
+        group = self._requests.get(request_id)
+        if group is None:
             return None
-        self.scheduler.finish(request, FinishReason.ABORT)
-        self._forget(request)
-        return self._output(request, (), "")
+        for sequence in group.sequences:
+            if not sequence.finished:
+                self.scheduler.finish(sequence, FinishReason.ABORT)
+        self._forget(group)
+        return group.output()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
@@ -179,16 +252,16 @@ class LLMEngine:
         try:
             plan = self.scheduler.build_plan(scheduled, self.runner.device)
             planned_at = time.perf_counter()
-            logits = self._execute(plan, len(scheduled.chunks))
+            logits = self._execute(plan, sum(c.num_logits for c in scheduled.chunks))
         except Exception as exc:  # the whole step failed: none of it is applied (ENG-071)
             failed = self.scheduler.update_from_failure(scheduled, _describe(exc))
-            return [self._guarded_output(request) for request in failed]
+            return self._outputs(failed)
         executed_at = time.perf_counter()
         sampled = self._sample(scheduled, logits)
         sampled_at = time.perf_counter()
         advanced = self.scheduler.update_from_output(scheduled, sampled)
         updated_at = time.perf_counter()
-        outputs = [self._guarded_output(request) for request in advanced]
+        outputs = self._outputs(advanced)
         done_at = time.perf_counter()
         self._count(scheduled)
         if self._observers:
@@ -211,65 +284,128 @@ class LLMEngine:
                 observer(report)
         return outputs
 
-    def _execute(self, plan: StepPlan, num_seqs: int) -> torch.Tensor:
-        """The runner's logits for ``plan``, one row per sequence."""
+    def _execute(self, plan: StepPlan, num_rows: int) -> torch.Tensor:
+        """The runner's logits for ``plan``: ``num_rows`` rows, one per sequence plus the
+        prompt positions whose log-probabilities were asked for."""
         logits = self.runner.execute(plan)
-        if logits.dim() != 2 or logits.shape[0] != num_seqs:
+        if logits.dim() != 2 or logits.shape[0] != num_rows:
             raise InvalidRequest(
-                f"the runner returned logits of shape {tuple(logits.shape)} for {num_seqs} "
-                "sequences"
+                f"the runner returned logits of shape {tuple(logits.shape)} for {num_rows} rows"
             )
         return logits
 
     def _sample(
         self, scheduled: SchedulerOutput, logits: torch.Tensor
     ) -> list[SampledToken | SampleError | None]:
-        """The next token of every chunk that completes its sequence (logits row = chunk); a
-        row whose sampling raises gets a :class:`SampleError`, the others their token
-        (ENG-070)."""
-        sampled: list[SampledToken | SampleError | None] = []
-        for row, chunk in enumerate(scheduled.chunks):
+        """The next token of every chunk that completes its sequence, and the first tokens
+        of its forks, in one sampler call over the batch (ENG-048).
+
+        ``logits`` holds ``chunk.num_logits`` rows per chunk, the last of them the chunk's
+        sampling row; the others are prompt positions whose log-probabilities were asked for.
+        A row whose sampling fails (NaN logits, or any error of its own) gets a
+        :class:`SampleError`, the others their token (ENG-070).
+        """
+        rows: list[SampleRow] = []
+        where: list[int] = []
+        spans: list[tuple[int, int] | None] = []
+        offset = 0
+        for chunk in scheduled.chunks:
+            last = offset + chunk.num_logits - 1
+            if chunk.wants_prompt_logits:
+                group = self._requests[chunk.request.request_id]
+                group.add_prompt_logprobs(chunk.start, logits[offset : last + 1])
+            offset = last + 1
             if not chunk.completes_sequence:
+                spans.append(None)
+                continue
+            sequences = [chunk.request, *chunk.request.forks]
+            spans.append((len(rows), len(sequences)))
+            for sequence in sequences:
+                rows.append(
+                    SampleRow(
+                        sequence.params,
+                        sequence.generator,
+                        sequence.prompt_token_ids,
+                        sequence.output_token_ids,
+                    )
+                )
+                where.append(last)
+        if not rows:
+            return [None] * len(spans)
+        picked = logits.index_select(0, torch.tensor(where, dtype=torch.int64))
+        tokens = self._sample_rows(picked, rows)
+        sampled: list[SampledToken | SampleError | None] = []
+        for span in spans:
+            if span is None:
                 sampled.append(None)
                 continue
-            try:
-                sampled.append(self._sample_row(chunk.request, logits[row]))
-            except Exception as exc:  # this request's own sampling: it fails alone
-                sampled.append(SampleError(f"sampling failed: {_describe(exc)}"))
+            first, forks = tokens[span[0]], tuple(tokens[span[0] + 1 : span[0] + span[1]])
+            if isinstance(first, SampleError) or not forks:
+                sampled.append(first)  # a failed first sequence takes its forks with it
+            else:
+                sampled.append(dataclasses.replace(first, forks=forks))
         return sampled
 
-    def _sample_row(self, request: Request, logits: torch.Tensor) -> SampledToken:
-        params = request.params
-        token = sample(logits, params, request.generator)
-        logprobs = None
-        if params.logprobs is not None:
-            logprobs = token_logprobs(logits, token, params.logprobs)
-        return SampledToken(token, logprobs)
+    def _sample_rows(
+        self, logits: torch.Tensor, rows: Sequence[SampleRow]
+    ) -> list[SampledToken | SampleError]:
+        """Every row in one batch; rows with NaN logits fail alone, and if the batch raises
+        anyway, each row is sampled on its own so that only the rows that raise fail."""
+        bad = set(torch.isnan(logits).any(dim=1).nonzero().flatten().tolist())
+        good = [i for i in range(len(rows)) if i not in bad]
+        out: list[SampledToken | SampleError] = [
+            SampleError("sampling failed: the model's logits hold NaN") for _ in rows
+        ]
+        try:
+            picked = logits.index_select(0, torch.tensor(good, dtype=torch.int64))
+            results = sample_rows(picked, [rows[i] for i in good], self.scheduler.eos_ids)
+            for i, result in zip(good, results, strict=True):
+                out[i] = _sampled_token(result, rows[i].params)
+        except Exception:  # find the rows that raise: each fails alone
+            for i in good:
+                try:
+                    (result,) = sample_rows(logits[i : i + 1], [rows[i]], self.scheduler.eos_ids)
+                    out[i] = _sampled_token(result, rows[i].params)
+                except Exception as exc:  # this row's own sampling
+                    out[i] = SampleError(f"sampling failed: {_describe(exc)}")
+        return out
 
-    def _guarded_output(self, request: Request) -> RequestOutput:
-        """The output of a request the step advanced or failed. An error in its text or stop
-        strings fails it alone (ENG-070); a failed request's output carries no new token."""
-        if request.finish_reason is not FinishReason.ERROR:
+    def _outputs(self, advanced: Sequence[Request]) -> list[RequestOutput]:
+        """Detokenize the sequences that got a token (a stop string ends one here), then the
+        output of each request they belong to, in the order of the first; a request whose
+        completions ``best_of`` chooses shows none before it finishes.
+
+        An error in a sequence's text or stop strings fails it (ENG-070), and a failed
+        sequence fails its whole request: every other sequence of it ends with the same error.
+        """
+        groups: dict[str, RequestGroup] = {}
+        for sequence in advanced:
+            group = self._requests.get(sequence.request_id)
+            if group is None:
+                continue
+            groups.setdefault(group.request_id, group)
+            if sequence.finish_reason is FinishReason.ERROR:
+                continue
             try:
-                return self._detokenize(request)
+                stop = group.detokenize(sequence)
             except Exception as exc:  # this request's own text: it fails alone
-                self.scheduler.fail(request, f"detokenizing failed: {_describe(exc)}")
-        self._forget(request)
-        return self._output(request, (), "")
-
-    def _detokenize(self, request: Request) -> RequestOutput:
-        """The output of a request that just got a token; a stop string ends it here."""
-        new_text = ""
-        text = self._texts.get(request.request_id)
-        if text is not None:
-            new_text, stopped = text.update(request.output_token_ids, final=request.finished)
-            if stopped and not request.finished:
-                self.scheduler.finish(request, FinishReason.STOP)
-                new_text, _ = text.update(request.output_token_ids, final=True)
-            request.text = text.text
-        if request.finished:
-            self._forget(request)
-        return self._output(request, (request.token_ids[-1],), new_text)
+                self.scheduler.fail(sequence, f"detokenizing failed: {_describe(exc)}")
+                continue
+            if stop is not None:
+                self.scheduler.finish(sequence, FinishReason.STOP)
+                sequence.stop_reason = stop
+        outputs = []
+        for group in groups.values():
+            error = group.error
+            if error is not None:
+                for sequence in group.sequences:
+                    if not sequence.finished:
+                        self.scheduler.fail(sequence, error)
+            if group.finished:
+                self._forget(group)
+            if not group.hidden:
+                outputs.append(group.output())
+        return outputs
 
     def _count(self, scheduled: SchedulerOutput) -> None:
         self._steps += 1
@@ -277,24 +413,8 @@ class LLMEngine:
         self._prefill_tokens_computed += sum(c.num_prompt_tokens for c in scheduled.chunks)
         self._peak_pages = max(self._peak_pages, self.scheduler.kv_stats().pages_in_use)
 
-    def _forget(self, request: Request) -> None:
-        self._requests.pop(request.request_id, None)
-        self._texts.pop(request.request_id, None)
-
-    def _output(self, request: Request, new_ids: tuple[int, ...], new_text: str) -> RequestOutput:
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            token_ids=tuple(request.output_token_ids),
-            new_token_ids=new_ids,
-            text=request.text,
-            new_text=new_text,
-            finished=request.finished,
-            finish_reason=request.finish_reason,
-            logprobs=tuple(request.logprobs) if request.logprobs is not None else None,
-            metrics=request.metrics(),
-            error=request.error,
-        )
+    def _forget(self, group: RequestGroup) -> None:
+        self._requests.pop(group.request_id, None)
 
     # -- observation -----------------------------------------------------------------------
 
@@ -336,7 +456,7 @@ class LLMEngine:
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         cache_salt: str | None = None,
@@ -357,6 +477,12 @@ class LLMEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+
+def _sampled_token(result: Sampled, params: SamplingParams) -> SampledToken:
+    """The scheduler's view of one sampled row."""
+    entry = result.token_logprobs() if params.logprobs is not None else None
+    return SampledToken(result.token_id, entry, result.logprob)
 
 
 def _describe(exc: Exception) -> str:

@@ -12,13 +12,21 @@ pages are freed and it goes back to the head of the queue, to be recomputed (ENG
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.request import Request, RequestStatus
-from pagedkv.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from pagedkv.engine.scheduler import (
+    SampledToken,
+    SampleError,
+    ScheduledChunk,
+    Scheduler,
+    SchedulerOutput,
+)
 from pagedkv.errors import InvariantViolation, OutOfPages
-from pagedkv.interfaces import KVManager, KVStats, PageTable
+from pagedkv.interfaces import ForkingKVManager, KVManager, KVStats, PageCopy, PageTable
 from pagedkv.plan import StepPlan, build_paged_plan
 
 
@@ -43,6 +51,9 @@ class PagedScheduler(Scheduler):
         super().__init__(config, eos_ids, min(max_model_len, kv.num_pages * kv.page_size))
         self.kv = kv
         self._next_seq_id = 0
+        #: Pages forks asked to copy; the next plan makes the copies before any write, and they
+        #: are kept until a step that made them succeeds.
+        self._copies: list[PageCopy] = []
 
     # -- scheduling -----------------------------------------------------------------------
 
@@ -81,8 +92,10 @@ class PagedScheduler(Scheduler):
                     return None
 
     def _admit(self, budget: int, chunks: list[ScheduledChunk]) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0:
             request = self.waiting[0]
+            if len(self.running) + request.width > self.config.max_num_seqs:
+                break  # its forks will run too (ENG-047)
             match = self.kv.match_prefix(request.token_ids, request.cache_salt)
             if match.num_in_flight_tokens:
                 break  # FCFS: admit it, and those behind it, once those pages are committed
@@ -113,7 +126,15 @@ class PagedScheduler(Scheduler):
 
     def build_plan(self, scheduled: SchedulerOutput, device: torch.device) -> StepPlan:
         chunks = [c.seq_chunk() for c in scheduled.chunks]
-        return build_paged_plan(chunks, self.kv.page_size, device)
+        return build_paged_plan(chunks, self.kv.page_size, device, self._copies)
+
+    def update_from_output(
+        self, scheduled: SchedulerOutput, sampled: Sequence[SampledToken | SampleError | None]
+    ) -> list[Request]:
+        """The step ran, so the copies its plan carried are made: forget them, then apply its
+        results (which may fork again). A failed step keeps them for the next plan."""
+        self._copies = []
+        return super().update_from_output(scheduled, sampled)
 
     # -- after the model ran --------------------------------------------------------------
 
@@ -124,8 +145,22 @@ class PagedScheduler(Scheduler):
         end = chunk.start + chunk.num_tokens
         request.num_computed_tokens = end
         size = self.kv.page_size
-        if end // size > chunk.start // size:
+        if request.publish and end // size > chunk.start // size:
             self.kv.commit(self._seq_id(request), request.token_ids[:end])
+
+    def _open_fork(self, parent: Request, child: Request) -> bool:
+        """Fork the parent's sequence onto shared pages; the partial page's copy is made by
+        the next step (KVM-037). ``False`` when the KVManager cannot fork or has no page."""
+        if not isinstance(self.kv, ForkingKVManager):
+            return False
+        try:
+            fork = self.kv.fork(self._seq_id(parent), self._next_seq_id)
+        except OutOfPages:
+            return False
+        child.seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        self._copies.extend(fork.copies)
+        return True
 
     def _release(self, request: Request) -> None:
         self.kv.free(self._seq_id(request))

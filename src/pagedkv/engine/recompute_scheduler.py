@@ -26,7 +26,9 @@ class RecomputeScheduler(Scheduler):
         """
         chunks = [ScheduledChunk(r, 0, r.num_tokens, ()) for r in self.running]
         budget = self.config.max_num_batched_tokens - sum(c.num_tokens for c in chunks)
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
+        while (
+            self.waiting and len(self.running) + self.waiting[0].width <= self.config.max_num_seqs
+        ):
             request = self.waiting[0]
             if chunks and request.num_tokens > budget:
                 break
@@ -43,6 +45,10 @@ class RecomputeScheduler(Scheduler):
 
     def _release(self, request: Request) -> None:
         """Nothing is held."""
+
+    def _open_fork(self, parent: Request, child: Request) -> bool:
+        """Nothing to share: the fork recomputes its whole sequence like any request."""
+        return True
 
     def kv_stats(self) -> KVStats:
         return NO_KV_STATS

@@ -35,9 +35,12 @@ class ModelRunner:
         model: the Qwen3 model.
     """
 
-    def __init__(self, model: Qwen3ForCausalLM, prepare: PrepareAttention) -> None:
+    def __init__(
+        self, model: Qwen3ForCausalLM, prepare: PrepareAttention, store: PagedStore | None = None
+    ) -> None:
         self.model = model
         self._prepare = prepare
+        self._store = store
 
     @classmethod
     def paged(cls, model: Qwen3ForCausalLM, store: PagedStore) -> ModelRunner:
@@ -57,7 +60,7 @@ class ModelRunner:
                 f"{shape.head_dim} channels; the model needs {config.num_hidden_layers} x "
                 f"{config.num_key_value_heads} x {config.head_dim}"
             )
-        return cls(model, partial(PagedStepAttention.prepare, store))
+        return cls(model, partial(PagedStepAttention.prepare, store), store)
 
     @classmethod
     def recompute(cls, model: Qwen3ForCausalLM) -> ModelRunner:
@@ -113,5 +116,9 @@ class ModelRunner:
         """
         with torch.inference_mode():
             attention = self._prepare(plan)
+            if plan.page_copies is not None:
+                if self._store is None:
+                    raise InvalidRequest("a cache-less runner has no pages to copy")
+                self._store.copy_pages(plan.page_copies[0], plan.page_copies[1])
             logits: torch.Tensor = self.model(plan, attention)
         return logits.float().cpu()

@@ -63,10 +63,24 @@ class ScheduledChunk:
         end = min(self.start + self.num_tokens, len(self.request.prompt_token_ids))
         return max(0, end - self.start)
 
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Whether the logits of every row are wanted, not only the last: the chunk computes
+        prompt positions of a request asking for prompt log-probabilities (ENG-049)."""
+        return (
+            self.request.params.prompt_logprobs is not None
+            and self.start < len(self.request.prompt_token_ids) - 1
+        )
+
+    @property
+    def num_logits(self) -> int:
+        """Rows of logits the step returns for the chunk (its last row is the sampled one)."""
+        return self.num_tokens if self.wants_prompt_logits else 1
+
     def seq_chunk(self) -> SeqChunk:
         """The chunk as the plan builders take it."""
         tokens = self.request.token_ids[self.start : self.start + self.num_tokens]
-        return SeqChunk(tuple(tokens), self.start, self.pages)
+        return SeqChunk(tuple(tokens), self.start, self.pages, self.wants_prompt_logits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +98,20 @@ class SchedulerOutput:
 
 @dataclass(frozen=True, slots=True)
 class SampledToken:
-    """The token sampled for one completed chunk, and its log-probabilities if asked for."""
+    """The token sampled for one completed chunk, and its log-probabilities if asked for.
+
+    Attributes:
+        token_id: the token.
+        logprobs: its entry for the request's ``logprobs``, when asked for.
+        logprob: its log-probability, added to the sequence's cumulative log-probability.
+        forks: the first tokens of the sequences to fork from this one (its ``forks``, in
+            order), sampled from the same logits; empty unless it has any.
+    """
 
     token_id: int
     logprobs: TokenLogprobs | None
+    logprob: float = 0.0
+    forks: tuple[SampledToken | SampleError, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +181,11 @@ class Scheduler(ABC):
     def _release(self, request: Request) -> None:
         """Free whatever a running request holds."""
 
+    @abstractmethod
+    def _open_fork(self, parent: Request, child: Request) -> bool:
+        """Give ``child`` a copy of ``parent``'s computed prompt (shared pages in v1); whether
+        it could. Called with the parent's prompt just computed and nothing sampled yet."""
+
     # -- after the model ran --------------------------------------------------------------
 
     def update_from_output(
@@ -185,22 +214,72 @@ class Scheduler(ABC):
             if token is None:
                 continue
             request = chunk.request
-            request.token_ids.append(token.token_id)
-            if request.first_token_time is None:
-                request.first_token_time = now
-            if request.logprobs is not None and token.logprobs is not None:
-                request.logprobs.append(token.logprobs)
-            reason = self._stop_reason(request, token.token_id)
-            if reason is not None:
-                self.finish(request, reason)
+            children = self._fork(request, token.forks, now) if request.forks else []
+            self._append(request, token, now)
             advanced.append(request)
+            advanced.extend(children)
         return advanced
 
+    def _append(self, request: Request, token: SampledToken, now: float) -> None:
+        """Append a sampled token to a sequence; finish it if the token stops it."""
+        self._add_token(request, token, now)
+        reason = self._stop_reason(request, token.token_id)
+        if reason is not None:
+            self.finish(request, reason)
+
+    @staticmethod
+    def _add_token(request: Request, token: SampledToken, now: float) -> None:
+        request.token_ids.append(token.token_id)
+        request.cumulative_logprob += token.logprob
+        if request.first_token_time is None:
+            request.first_token_time = now
+        if request.logprobs is not None and token.logprobs is not None:
+            request.logprobs.append(token.logprobs)
+
+    def _fork(
+        self, parent: Request, tokens: Sequence[SampledToken | SampleError], now: float
+    ) -> list[Request]:
+        """Bring ``parent``'s unborn sequences to life, each with its first token (ENG-047).
+
+        A sequence that token already stops never holds anything. The others share the
+        parent's computed prompt; one the pool has no page for goes to the head of the queue
+        to be recomputed, like a preempted request (with prefix caching, from the parent's
+        committed pages).
+        """
+        children, parent.forks = parent.forks, []
+        if len(tokens) != len(children):
+            raise InvalidRequest(f"{len(tokens)} first tokens for {len(children)} forks")
+        unplaced: list[Request] = []
+        for child, token in zip(children, tokens, strict=True):
+            child.token_ids = list(parent.token_ids)
+            child.cached_tokens = parent.cached_tokens
+            if isinstance(token, SampleError):
+                self.fail(child, token.message)
+                continue
+            self._add_token(child, token, now)
+            reason = self._stop_reason(child, token.token_id)
+            if reason is not None:
+                self.finish(child, reason)
+            elif self._open_fork(parent, child):
+                child.status = RequestStatus.RUNNING
+                child.num_computed_tokens = parent.num_computed_tokens
+                self.running.append(child)
+            else:
+                child.status = RequestStatus.WAITING
+                child.preemptions += 1
+                self.num_preemptions += 1
+                unplaced.append(child)
+        self.waiting.extendleft(reversed(unplaced))  # in index order, ahead of the others
+        return children
+
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
+        """Why ``token``, just appended to ``request``, ends it; records a stop token as its
+        stop reason."""
         params = request.params
         if not params.ignore_eos and token in self.eos_ids:
             return FinishReason.STOP
         if token in params.stop_token_ids:
+            request.stop_reason = token
             return FinishReason.STOP
         if request.num_output_tokens >= params.max_tokens:
             return FinishReason.LENGTH
@@ -263,7 +342,11 @@ class Scheduler(ABC):
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """End a waiting or running request now (a stop, a stop string, an abort), freeing
-        what it holds at once (ENG-012)."""
+        what it holds at once (ENG-012). Its unborn forks end with it (ENG-047)."""
+        for child in request.forks:
+            child.error = request.error
+            self.finish(child, reason)
+        request.forks = []
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
             self._release(request)

@@ -1,4 +1,4 @@
-"""The tokenizer of a model directory, and incremental detokenization for streaming."""
+"""The tokenizer of a model directory."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.engine.chat_template import check_template_kwargs
+from pagedkv.engine.detokenizer import DecodeStep, DecodeStreamDecoder, WindowDecoder
 from pagedkv.errors import CheckpointError, InvalidRequest
 
 #: A chat message as OpenAI clients send it: ``{"role": ..., "content": ...}``.
@@ -41,6 +42,19 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens skipped."""
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
+
+    @property
+    def hf(self) -> Any:
+        """The underlying Hugging Face tokenizer (what vLLM's ``get_tokenizer`` returns)."""
+        return self._tok
+
+    def incremental_decoder(self, *, window: bool = False) -> DecodeStep:
+        """A fresh decoder of one token stream: O(1) work per token, special tokens skipped
+        (``DecodeStream`` for a fast tokenizer; a sliding window otherwise, or when asked)."""
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        if backend is not None and not window:
+            return DecodeStreamDecoder(backend)
+        return WindowDecoder(self.decode)
 
     def apply_chat_template(
         self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
@@ -82,33 +96,3 @@ def eos_token_ids(model_dir: str | Path) -> frozenset[int]:
         elif isinstance(value, list):
             ids.update(int(v) for v in value)
     return frozenset(ids)
-
-
-class IncrementalText:
-    """Text of a growing token list, with stop strings cut (ENG-043).
-
-    Decoding the whole output each time keeps multi-byte characters right; text is released
-    only up to a complete character, so a stream never shows half of one.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str]) -> None:
-        self._tokenizer = tokenizer
-        self._stop = tuple(stop)
-        self._longest_stop = max((len(s) for s in stop), default=0)
-        self.text = ""
-
-    def update(self, output_ids: Sequence[int], final: bool) -> tuple[str, bool]:
-        """Returns ``(new_text, stopped)`` after the latest token."""
-        full = self._tokenizer.decode(output_ids)
-        if full.endswith("\ufffd") and not final:
-            return "", False  # an incomplete character: wait for the next token
-        stopped = False
-        if self._stop:
-            search_from = max(0, len(self.text) - self._longest_stop + 1)
-            hits = [i for i in (full.find(s, search_from) for s in self._stop) if i >= 0]
-            if hits:
-                full = full[: min(hits)]
-                stopped = True
-        new = full[len(self.text) :] if full.startswith(self.text) else full
-        self.text = full
-        return new, stopped

@@ -19,7 +19,15 @@ from pagedkv.errors import (
     StaleMatch,
     UnknownSequence,
 )
-from pagedkv.interfaces import Allocation, KVManagerConfig, KVStats, PageTable, PrefixMatch
+from pagedkv.interfaces import (
+    Allocation,
+    Fork,
+    KVManagerConfig,
+    KVStats,
+    PageCopy,
+    PageTable,
+    PrefixMatch,
+)
 from pagedkv.kv.in_flight import InFlightPages
 from pagedkv.kv.invariants import check_manager_invariants
 from pagedkv.kv.page_pool import PagePool
@@ -234,6 +242,31 @@ class ReferenceKVManager:
         self._changed()
         return self.page_table(seq_id)
 
+    def fork(self, seq_id: int, new_seq_id: int) -> Fork:
+        """Open ``new_seq_id`` on ``seq_id``'s pages (KVM-037..039): full pages shared, a
+        partial last page replaced by a fresh one that the caller fills by the returned copy."""
+        state = self._sequence(seq_id)
+        if new_seq_id in self.sequences:
+            raise DuplicateSequence(new_seq_id)
+        partial = state.num_tokens % self.page_size != 0
+        shared = state.pages[:-1] if partial else list(state.pages)
+        # Every page of the parent is in use, so taking a fresh one cannot evict it.
+        fresh = self._take_fresh(1) if partial else []
+        for page in shared:
+            self.pool.hold(page)
+        self.sequences[new_seq_id] = SequenceState(
+            pages=shared + fresh,
+            num_tokens=state.num_tokens,
+            cache_salt=state.cache_salt,
+            num_committed_pages=state.num_committed_pages,
+            chain_tail=state.chain_tail,
+            chain_broken=state.chain_broken,
+        )
+        self._freed_ids.pop(new_seq_id, None)
+        self._changed()
+        copies = (PageCopy(state.pages[-1], fresh[0]),) if partial else ()
+        return Fork(self.page_table(new_seq_id), copies)
+
     # -- publication -----------------------------------------------------------------------
 
     def commit(self, seq_id: int, token_ids: Sequence[int]) -> int:
@@ -250,14 +283,18 @@ class ReferenceKVManager:
         published = 0
         for i in range(state.num_committed_pages, len(token_ids) // size):
             page_tokens = tuple(token_ids[i * size : (i + 1) * size])
-            entry = self.index.publish(
-                state.pages[i], state.chain_tail, page_tokens, state.cache_salt
-            )
+            entry = self.index.entry_of(state.pages[i])
+            if entry is not None:  # a sequence sharing the page since a fork published it
+                entry = entry if self._continues(state, entry, page_tokens) else None
+            else:
+                entry = self.index.publish(
+                    state.pages[i], state.chain_tail, page_tokens, state.cache_salt
+                )
+                if entry is not None and entry.page == state.pages[i]:
+                    published += 1
             if entry is None:
                 state.chain_broken = True
                 break
-            if entry.page == state.pages[i]:
-                published += 1
             state.chain_tail = entry
             state.num_committed_pages = i + 1
         if state.chain_broken:
@@ -265,6 +302,15 @@ class ReferenceKVManager:
         else:
             self.in_flight.committed(seq_id, state.num_committed_pages)
         return published
+
+    @staticmethod
+    def _continues(state: SequenceState, entry: PrefixEntry, page_tokens: tuple[int, ...]) -> bool:
+        """Whether ``entry`` is the next link of the sequence's chain for ``page_tokens``."""
+        return (
+            entry.parent is state.chain_tail
+            and entry.token_ids == page_tokens
+            and entry.cache_salt == state.cache_salt
+        )
 
     # -- release ---------------------------------------------------------------------------
 

@@ -205,6 +205,30 @@ class TorchPagedStore:
             self._flat(1, layer).index_select(0, index),
         )
 
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Make page ``dst[i]`` hold, in every layer, the K and V page ``src[i]`` held before
+        the call (PST-006): a fork's partial page becoming the new sequence's own.
+
+        Checks its arguments, so it synchronises with the device once; a step calls it at
+        most once, before its first write.
+
+        Raises:
+            InvalidRequest: ``src`` and ``dst`` not 1-D integer tensors of equal length, a page
+                outside the pool, a ``dst`` page named twice or also a ``src`` page.
+        """
+        source, target = self._slot_index(src), self._slot_index(dst)
+        if source.shape != target.shape:
+            raise InvalidRequest(f"{source.shape[0]} source pages for {target.shape[0]} targets")
+        if not source.numel():
+            return
+        pages = self._config.num_pages
+        self._check_range(source, pages, "source pages")
+        self._check_range(target, pages, "target pages")
+        names = target.tolist()
+        if len(set(names)) != len(names) or set(names) & set(source.tolist()):
+            raise InvalidRequest(f"target pages {names} repeat or overlap the source pages")
+        self._kv[:, :, target] = self._kv[:, :, source]
+
     # -- attention ---------------------------------------------------------------------------
 
     def prepare(self, batch: AttentionBatch) -> PagedAttentionMetadata:

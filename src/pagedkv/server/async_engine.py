@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pagedkv.engine.outputs import EngineStats, FinishReason, RequestOutput
+from pagedkv.engine.outputs import EngineStats, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Message
 from pagedkv.errors import InvalidRequest, PagedKVError
@@ -141,11 +141,12 @@ class _Stop:
 _Command = _Submit | _Abort | _Call | _Stop
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Route:
     sink: _Sink
     index: int
     token_texts: bool
+    seen: bool = False  # an output was routed already (its prompt's token texts were sent)
 
 
 class GenerationStream:
@@ -222,6 +223,7 @@ class AsyncEngine:
         self._step_errors = 0
         self.limits = limits if limits is not None else AdmissionLimits()
         self.max_model_len = engine.max_model_len
+        self.generation_defaults = engine.generation_defaults
 
     # -- lifecycle (event-loop side) --------------------------------------------------------
 
@@ -513,14 +515,15 @@ class AsyncEngine:
         route = self._routes.get(output.request_id)
         if route is None:
             return
-        if output.finish_reason is FinishReason.ERROR:
-            self._fail(output.request_id, route, output.error or "the engine failed it")
+        if output.error is not None:  # one completion failed, and with it the request
+            self._fail(output.request_id, route, output.error)
             return
         try:
-            texts = self._token_texts(output) if route.token_texts else {}
+            texts = self._token_texts(output, prompt=not route.seen) if route.token_texts else {}
         except Exception as exc:  # this request's own output: it fails alone
             self._fail(output.request_id, route, f"serving its output failed: {exc!r}")
             return
+        route.seen = True
         route.sink.put(StreamItem(route.index, output, texts))
         if output.finished:
             del self._routes[output.request_id]
@@ -556,14 +559,23 @@ class AsyncEngine:
             except Exception:  # the engine may be inconsistent after a failed step
                 self._routes.pop(request_id, None)
 
-    def _token_texts(self, output: RequestOutput) -> dict[int, str]:
-        tokenizer = self._engine.tokenizer
-        if output.logprobs is None or not output.new_token_ids:
-            return {}
+    def _token_texts(self, output: RequestOutput, *, prompt: bool) -> dict[int, str]:
+        """The text of every token id in the new logprobs entries of each completion (chosen
+        and top tokens), and with ``prompt`` of the prompt's tokens and their alternatives
+        (for ``echo`` and ``prompt_logprobs``)."""
         ids: set[int] = set()
-        for entry in output.logprobs[-len(output.new_token_ids) :]:
-            ids.add(entry.token_id)
-            ids.update(token for token, _ in entry.top)
+        for completion in output.outputs:
+            if completion.logprobs is None or not completion.new_token_ids:
+                continue
+            for entry in completion.logprobs[-len(completion.new_token_ids) :]:
+                ids.add(entry.token_id)
+                ids.update(token for token, _ in entry.top)
+        if prompt:
+            ids.update(output.prompt_token_ids)
+            for prompt_entry in output.prompt_logprobs or ():
+                if prompt_entry is not None:
+                    ids.update(token for token, _ in prompt_entry.top)
+        tokenizer = self._engine.tokenizer
         if tokenizer is None:
             return {i: f"token_id:{i}" for i in ids}
         return {i: tokenizer.decode([i]) for i in ids}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedkv.engine.chat_template import InvalidTemplateKwargs
-from pagedkv.engine.params import InvalidSamplingParams
+from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.errors import InvalidRequest, RequestTooLong
 from pagedkv.server.admission import DeadlineExceeded, QueueFull, TooManyPrompts
 from pagedkv.server.async_engine import EngineFailure, EngineUnavailable, RequestFailed
@@ -21,9 +22,7 @@ from pagedkv.server.protocol import ErrorInfo, ErrorResponse
 E = TypeVar("E", bound=Exception)
 
 #: Sampling fields an ``InvalidSamplingParams`` message may start with, for ``param``.
-_SAMPLING_FIELDS = frozenset(
-    {"max_tokens", "temperature", "top_k", "top_p", "min_p", "logprobs", "stop", "stop_token_ids"}
-)
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 #: Seconds a client is told to wait after a 503 while the server shuts down or restarts.
 UNAVAILABLE_RETRY_AFTER_S = 5
 

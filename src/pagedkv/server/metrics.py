@@ -151,8 +151,8 @@ class ServingMetrics:
         """Count one step's output of one request (an abort's final output included)."""
         now = time.perf_counter()
         metrics = output.metrics
-        new_tokens = len(output.new_token_ids)
-        first = new_tokens > 0 and len(output.token_ids) == new_tokens
+        new_tokens = sum(len(c.new_token_ids) for c in output.outputs)  # every completion's
+        first = new_tokens > 0 and sum(len(c.token_ids) for c in output.outputs) == new_tokens
         with self._lock:
             self._generation_tokens += new_tokens
             if first:

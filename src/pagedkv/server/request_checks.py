@@ -2,6 +2,8 @@
 
 - Text must be valid Unicode: JSON may carry a lone surrogate (``"a\\ud800b"``), which Python
   keeps in a ``str`` but no tokenizer can encode. Such a field is refused with 400 naming it.
+- A declared field pagedkv does not implement (``tools``, ``response_format``, ...) is refused
+  with 400 naming it, unless it holds a neutral value that changes nothing (SRV-100).
 - Fields the server does not declare are accepted (OpenAI clients send some by default) but
   logged as a warning, as vLLM does, so that nothing is ignored silently.
 """
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from pydantic import BaseModel
 
 from pagedkv.server.errors import APIError
+from pagedkv.server.protocol import NEUTRAL, REFUSED
 
 logger = logging.getLogger("pagedkv.server")
 
@@ -66,9 +69,40 @@ def ignored_fields(body: BaseModel, path: str = "") -> list[str]:
     return found
 
 
+def refused_fields(model: type[BaseModel]) -> dict[str, tuple[str, list[object]]]:
+    """The fields ``model`` declares only to refuse them: name -> (reason, neutral values)."""
+    found: dict[str, tuple[str, list[object]]] = {}
+    for name, field in model.model_fields.items():
+        extra = field.json_schema_extra
+        if isinstance(extra, dict) and REFUSED in extra:
+            neutral = extra.get(NEUTRAL)
+            found[name] = (str(extra[REFUSED]), list(neutral) if isinstance(neutral, list) else [])
+    return found
+
+
+def check_refused(body: BaseModel) -> None:
+    """Raise a 400 :class:`APIError` naming the first refused field that ``body`` sets to
+    something other than a neutral value.
+
+    Raises:
+        APIError: 400, code ``unsupported_field``, ``param`` the field.
+    """
+    for name, (reason, neutral) in refused_fields(type(body)).items():
+        value = getattr(body, name)
+        if value is not None and value not in neutral:
+            raise APIError(
+                400,
+                f"{name} is not supported by this server: {reason}",
+                param=name,
+                code="unsupported_field",
+            )
+
+
 def check_request(body: BaseModel) -> None:
-    """Refuse invalid text (400) and log the fields that will be ignored."""
+    """Refuse invalid text and unsupported fields (400), and log the fields that will be
+    ignored."""
     check_text(body)
+    check_refused(body)
     ignored = sorted(ignored_fields(body))
     if ignored:
         shown = ", ".join(ascii(name) for name in ignored[:MAX_LOGGED_FIELDS])

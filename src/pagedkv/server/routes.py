@@ -15,6 +15,7 @@ from pagedkv.server.async_engine import (
     ChatPrompt,
     EngineUnavailable,
     GenerationStream,
+    PromptInput,
 )
 from pagedkv.server.auth import cache_salt
 from pagedkv.server.errors import APIError
@@ -23,9 +24,9 @@ from pagedkv.server.openai_format import (
     Collected,
     assistant_message,
     chat_logprobs,
-    completion_logprobs,
     completion_prompts,
     finish_reason,
+    prompt_logprobs,
     sampling_params,
     usage,
 )
@@ -33,7 +34,6 @@ from pagedkv.server.protocol import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
@@ -42,7 +42,13 @@ from pagedkv.server.protocol import (
 )
 from pagedkv.server.reasoning import ReasoningParser
 from pagedkv.server.request_checks import check_request
-from pagedkv.server.streaming import EventStream, chat_events, completion_events
+from pagedkv.server.streaming import (
+    ChoiceFormat,
+    EventStream,
+    chat_events,
+    completion_choice,
+    completion_events,
+)
 
 #: OpenAI's default ``max_tokens`` for completions.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -94,8 +100,14 @@ def check_model(state: ServerState, model: str | None) -> None:
 def _check_request(state: ServerState, body: SamplingFields) -> None:
     check_request(body)
     check_model(state, body.model)
-    if body.n != 1:
-        raise APIError(400, f"n must be 1, got {body.n}", param="n", code="unsupported")
+    if body.stream and body.best_of is not None and body.best_of != body.n:
+        raise APIError(
+            400,
+            f"best_of must equal n when streaming: best_of={body.best_of} chooses among "
+            f"completions only once all have finished, n={body.n}",
+            param="best_of",
+            code="unsupported",
+        )
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -126,22 +138,56 @@ async def collect(request: Request, stream: GenerationStream) -> Collected | Non
         stream.abort()
 
 
+async def echo_texts(state: ServerState, prompts: list[PromptInput]) -> list[str]:
+    """The text each prompt echoes: a text prompt as sent, token ids decoded."""
+    texts = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            texts.append(prompt)
+        elif isinstance(prompt, tuple):
+            texts.append((await state.engine.detokenize(prompt))[0])
+        else:
+            raise APIError(400, "echo applies to completion prompts only", param="echo")
+    return texts
+
+
 @router.post("/v1/completions", response_model=None)
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    """OpenAI completions: one choice per prompt, streamed as server-sent events on demand."""
+    """OpenAI completions: ``n`` choices per prompt, streamed as server-sent events on
+    demand."""
     state = server_state(request)
     _check_request(state, body)
-    max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    params = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs)
+    defaults = state.engine.generation_defaults
+    max_tokens = body.max_tokens
+    if max_tokens is None:
+        max_tokens = defaults.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
     want_logprobs = body.logprobs is not None
+    prompt_logprobs = body.prompt_logprobs
+    if body.echo and body.logprobs is not None:  # the echoed tokens carry logprobs too
+        prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
+    params = sampling_params(
+        body,
+        defaults,
+        max_tokens=max_tokens,
+        logprobs=body.logprobs,
+        prompt_logprobs=prompt_logprobs,
+    )
+    prompts = completion_prompts(body.prompt)
+    echoed = await echo_texts(state, prompts) if body.echo else None
     stream = await state.engine.submit(
-        completion_prompts(body.prompt),
+        prompts,
         params,
-        token_texts=want_logprobs,
+        token_texts=want_logprobs or prompt_logprobs is not None,
         cache_salt=cache_salt(request, body.cache_salt),
     )
     response_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
+    choice = ChoiceFormat(
+        n=params.n,
+        logprobs=want_logprobs,
+        echo=echoed,
+        prompt_logprobs=body.prompt_logprobs is not None,
+    )
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = completion_events(
@@ -149,7 +195,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
             response_id=response_id,
             created=created,
             model=state.model_name,
-            logprobs=want_logprobs,
+            choice=choice,
             include_usage=include_usage,
         )
         return EventStream(events, stream)
@@ -157,15 +203,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     if collected is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     choices = [
-        CompletionChoice(
-            index=index,
-            text=output.text,
-            logprobs=completion_logprobs(output.logprobs or (), texts, 0)
-            if want_logprobs
-            else None,
-            finish_reason=finish_reason(output),
-        )
+        completion_choice(choice, index, output, completion, texts, first=True, final=True)
         for index, output, texts in collected.ordered()
+        for completion in output.outputs
     ]
     body_out = CompletionResponse(
         id=response_id,
@@ -179,15 +219,26 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    """OpenAI chat completions through the model's chat template."""
+    """OpenAI chat completions through the model's chat template: ``n`` choices."""
     state = server_state(request)
     _check_request(state, body)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(
+            400,
+            "top_logprobs needs logprobs: true",
+            param="top_logprobs",
+            code="invalid_sampling_params",
+        )
+    defaults = state.engine.generation_defaults
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
         max_tokens = body.max_tokens
+    if max_tokens is None:
+        max_tokens = defaults.max_tokens
     top = body.top_logprobs or 0
     params = sampling_params(
         body,
+        defaults,
         max_tokens=1 if max_tokens is None else max_tokens,
         logprobs=top if body.logprobs else None,
     )
@@ -199,7 +250,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         [prompt],
         params,
         fill_context=max_tokens is None,
-        token_texts=body.logprobs,
+        token_texts=body.logprobs or body.prompt_logprobs is not None,
         cache_salt=cache_salt(request, body.cache_salt),
     )
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -211,6 +262,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             response_id=response_id,
             created=created,
             model=state.model_name,
+            n=params.n,
             logprobs=body.logprobs,
             include_usage=include_usage,
             reasoning=state.reasoning,
@@ -219,14 +271,16 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     collected = await collect(request, stream)
     if collected is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    ((_, output, texts),) = collected.ordered()
     choices = [
         ChatChoice(
-            index=index,
-            message=assistant_message(output, state.reasoning),
-            logprobs=chat_logprobs(output.logprobs or (), texts) if body.logprobs else None,
-            finish_reason=finish_reason(output),
+            index=completion.index,
+            message=assistant_message(completion, output.prompt_token_ids, state.reasoning),
+            logprobs=chat_logprobs(completion.logprobs or (), texts) if body.logprobs else None,
+            finish_reason=finish_reason(completion),
+            stop_reason=completion.stop_reason,
         )
-        for index, output, texts in collected.ordered()
+        for completion in output.outputs
     ]
     body_out = ChatCompletionResponse(
         id=response_id,
@@ -234,6 +288,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         model=state.model_name,
         choices=choices,
         usage=usage(collected.outputs.values()),
+        prompt_logprobs=prompt_logprobs(output, texts),
     )
     return JSONResponse(body_out.model_dump())
 

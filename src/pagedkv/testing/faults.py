@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
+from pagedkv.engine.detokenizer import DecodeStep, WindowDecoder
 from pagedkv.engine.tokenizer import Message, Tokenizer
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StepRunner
@@ -270,6 +271,14 @@ class FaultyTokenizer(Tokenizer):
     def token_id(self, text: str) -> int | None:
         return self._inner.token_id(text)
 
+    @property
+    def hf(self) -> Any:
+        return self._inner.hf
+
+    def incremental_decoder(self, *, window: bool = False) -> DecodeStep:
+        """Decodes through :meth:`decode`, so that its faults reach the text."""
+        return WindowDecoder(self.decode)
+
 
 class IdTokenizer(Tokenizer):
     """Token ids as text: ``decode([5, 17])`` is ``"5 17 "``, ``encode`` reads such text back.
@@ -300,3 +309,11 @@ class IdTokenizer(Tokenizer):
     def token_id(self, text: str) -> int | None:
         ids = self.encode(text)
         return ids[0] if len(ids) == 1 else None
+
+    @property
+    def hf(self) -> Any:
+        """No Hugging Face tokenizer stands behind this one."""
+        return None
+
+    def incremental_decoder(self, *, window: bool = False) -> DecodeStep:
+        return WindowDecoder(self.decode)

@@ -8,6 +8,7 @@ instead of running a transformer.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 
 import torch
@@ -62,8 +63,23 @@ class HashRunner:
         return [sum(step) for step in self.steps]
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        targets = [next_token(context, self._vocab) for context in self.contexts(plan)]
-        return self.peaked_logits(targets)
+        return self.peaked_logits(self.row_targets(plan, self.contexts(plan)))
+
+    @staticmethod
+    def row_of(plan: StepPlan, row: int) -> tuple[int, int]:
+        """``(sequence, rows after it in its chunk)`` of the step's query row ``row``."""
+        starts = plan.attention.query_start.tolist()
+        b = bisect.bisect_right(starts, row) - 1
+        return b, starts[b + 1] - 1 - row
+
+    def row_targets(self, plan: StepPlan, contexts: list[list[int]]) -> list[int]:
+        """The next token at each row of ``plan.logits_indices``: each sequence's last row,
+        or every row of a chunk asking for all its logits (prompt log-probabilities)."""
+        targets = []
+        for row in plan.logits_indices.tolist():
+            b, later = self.row_of(plan, row)
+            targets.append(next_token(contexts[b][: len(contexts[b]) - later], self._vocab))
+        return targets
 
     def contexts(self, plan: StepPlan) -> list[list[int]]:
         """Run the cache side of ``plan``: store its tokens at its slots, then read each
@@ -72,6 +88,11 @@ class HashRunner:
         batch = plan.attention
         starts = batch.query_start.tolist()
         self.steps.append([b - a for a, b in itertools.pairwise(starts)])
+        if plan.page_copies is not None:  # a fork's partial pages, before any write
+            offsets = torch.arange(self.page_size)
+            src, dst = (pages.unsqueeze(1) * self.page_size + offsets for pages in plan.page_copies)
+            self.slots[dst] = self.slots[src]
+            self.written[dst] = self.written[src]
         if plan.slot_mapping is not None:
             self.slots[plan.slot_mapping] = plan.input_ids
             self.written[plan.slot_mapping] = True
