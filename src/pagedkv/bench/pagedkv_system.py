@@ -25,11 +25,15 @@ PAGE_SIZE = 16
 
 
 def load_runner(
-    checkpoint: Checkpoint, num_pages: int, page_size: int = PAGE_SIZE, dtype: str = "float32"
+    checkpoint: Checkpoint,
+    num_pages: int,
+    page_size: int = PAGE_SIZE,
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> ModelRunner:
-    """The checkpoint's model with a preallocated K/V pool of ``num_pages`` pages (CPU)."""
+    """The checkpoint's model with a preallocated K/V pool of ``num_pages`` pages."""
     return ModelRunner.from_model_dir(
-        checkpoint.path, num_pages=num_pages, page_size=page_size, dtype=dtype, device="cpu"
+        checkpoint.path, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
     )
 
 
