@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from pagedkv.errors import CheckpointError, InvalidRequest, UnsupportedModel
 from pagedkv.model.config import ModelConfig
-from pagedkv.model.loader import load_model
+from pagedkv.model.loader import checkpoint_tensors, load_model
 from pagedkv.testing.tiny_qwen3 import (
     PRESETS,
     build_hf_model,
@@ -98,7 +98,7 @@ def test_loads_every_tensor_of_a_checkpoint(which: str, request: pytest.FixtureR
     model = load_model(path)
     reference = build_hf_model(PRESETS["untied-mha" if which == "untied" else "tied-gqa4-bias"])
     expected = dict(reference.named_parameters())
-    ours = dict(model.named_parameters())
+    ours = checkpoint_tensors(model, expected)
     assert set(ours) == set(expected)
     for name, tensor in ours.items():
         assert torch.equal(tensor, expected[name]), name
