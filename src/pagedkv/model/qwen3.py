@@ -112,5 +112,6 @@ class Qwen3ForCausalLM(nn.Module):
             hidden = layer(hidden, cos, sin, attention)
         hidden = self.model.norm(hidden.index_select(0, plan.logits_indices))
         if self.lm_head is not None:
-            return self.lm_head(hidden).to(torch.float32)
+            logits: torch.Tensor = self.lm_head(hidden)
+            return logits.to(torch.float32)
         return F.linear(hidden, self.model.embed_tokens.weight).to(torch.float32)
