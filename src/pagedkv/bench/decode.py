@@ -60,7 +60,7 @@ def _measure_dtype(
     short = "fp32" if dtype == "float32" else "bf16"
     ctx.log(f"decode: {dtype}: loading both models")
     runner = load_runner(checkpoint, NUM_PAGES, dtype=dtype, device=ctx.device)
-    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    weight_bytes = runner.weight_bytes
     hf_model = load_hf_model(checkpoint, dtype, ctx.device)
     vocab = runner.vocab_size
     request = uniform_requests(1, PROMPT_LEN, NEW_TOKENS, vocab, ctx.seed)

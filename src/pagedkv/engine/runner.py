@@ -14,10 +14,12 @@ from pathlib import Path
 
 import torch
 
+from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
 from pagedkv.kv.paged_store import TorchPagedStore
 from pagedkv.model.loader import load_model
+from pagedkv.model.packing import pack_linear_weights, weight_nbytes
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.model.step_attention import PagedStepAttention, RecomputeStepAttention, StepAttention
 from pagedkv.plan import StepPlan
@@ -29,18 +31,36 @@ PrepareAttention = Callable[[StepPlan], StepAttention]
 class ModelRunner:
     """Runs plans on a model; the only place the engine's work meets tensors of the model.
 
-    Build it with :meth:`paged`, :meth:`recompute` or :meth:`from_model_dir`.
+    Build it with :meth:`paged`, :meth:`recompute` or :meth:`from_model_dir`. ``options`` are
+    applied to the model here, once (packing its weights, compiling its layers): a model given
+    to several runners takes the first one's.
 
     Attributes:
         model: the Qwen3 model.
+        options: how it runs.
     """
 
-    def __init__(self, model: Qwen3ForCausalLM, prepare: PrepareAttention) -> None:
+    def __init__(
+        self,
+        model: Qwen3ForCausalLM,
+        prepare: PrepareAttention,
+        options: RunnerOptions | None = None,
+    ) -> None:
         self.model = model
+        self.options = options or RunnerOptions()
         self._prepare = prepare
+        if self.options.pack_weights:
+            pack_linear_weights(model)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights, packed ones counted as their plain size."""
+        return weight_nbytes(self.model)
 
     @classmethod
-    def paged(cls, model: Qwen3ForCausalLM, store: PagedStore) -> ModelRunner:
+    def paged(
+        cls, model: Qwen3ForCausalLM, store: PagedStore, options: RunnerOptions | None = None
+    ) -> ModelRunner:
         """A runner for v1 plans, writing and reading K/V in ``store``.
 
         Raises:
@@ -57,12 +77,14 @@ class ModelRunner:
                 f"{shape.head_dim} channels; the model needs {config.num_hidden_layers} x "
                 f"{config.num_key_value_heads} x {config.head_dim}"
             )
-        return cls(model, partial(PagedStepAttention.prepare, store))
+        return cls(model, partial(PagedStepAttention.prepare, store), options)
 
     @classmethod
-    def recompute(cls, model: Qwen3ForCausalLM) -> ModelRunner:
+    def recompute(
+        cls, model: Qwen3ForCausalLM, options: RunnerOptions | None = None
+    ) -> ModelRunner:
         """A runner for cache-less (v0) plans; it keeps no K/V."""
-        return cls(model, RecomputeStepAttention.prepare)
+        return cls(model, RecomputeStepAttention.prepare, options)
 
     @classmethod
     def from_model_dir(
@@ -73,12 +95,13 @@ class ModelRunner:
         page_size: int,
         dtype: str = "float32",
         device: str = "cpu",
+        options: RunnerOptions | None = None,
     ) -> ModelRunner:
         """Load a checkpoint; with ``num_pages`` set, preallocate its K/V pool once and run v1
         plans, else run v0 plans."""
         model = load_model(model_dir, dtype=dtype, device=device)
         if num_pages is None:
-            return cls.recompute(model)
+            return cls.recompute(model, options)
         cfg = model.config
         store = TorchPagedStore(
             StoreConfig(
@@ -91,7 +114,7 @@ class ModelRunner:
                 device=device,
             )
         )
-        return cls.paged(model, store)
+        return cls.paged(model, store, options)
 
     @property
     def device(self) -> torch.device:

@@ -25,10 +25,13 @@ class Linear(nn.Linear):
     """
 
     packed: torch.Tensor | None = None
+    #: Bytes per element of the weight that was packed (0 while unpacked).
+    packed_itemsize: int = 0
 
     def pack(self) -> None:
         """Repack the weight for oneDNN (see :mod:`pagedkv.model.packing`); idempotent."""
         if self.packed is None:
+            self.packed_itemsize = self.weight.element_size()
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
             self.register_parameter("weight", None)
 

@@ -89,6 +89,9 @@ class Qwen3ForCausalLM(nn.Module):
             if config.tie_word_embeddings
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+        #: A repacked copy of the tied embedding table, as the LM head's weight
+        #: (:func:`pagedkv.model.packing.pack_linear_weights`); ``None`` otherwise.
+        self.packed_head: Linear | None = None
 
     if TYPE_CHECKING:  # nn.Module.__call__ is untyped; calling the model runs forward
 
@@ -111,7 +114,8 @@ class Qwen3ForCausalLM(nn.Module):
         for layer in self.model.layers:
             hidden = layer(hidden, cos, sin, attention)
         hidden = self.model.norm(hidden.index_select(0, plan.logits_indices))
-        if self.lm_head is not None:
-            logits: torch.Tensor = self.lm_head(hidden)
+        head = self.lm_head if self.lm_head is not None else self.packed_head
+        if head is not None:
+            logits: torch.Tensor = head(hidden)
             return logits.to(torch.float32)
         return F.linear(hidden, self.model.embed_tokens.weight).to(torch.float32)
