@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 
 from pagedkv.engine.runner_options import RunnerOptions
+from pagedkv.engine.static_decode import StaticDecode
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
-from pagedkv.kv.paged_store import TorchPagedStore
+from pagedkv.kv.paged_store import PagedAttentionMetadata, TorchPagedStore
 from pagedkv.model.loader import load_model
 from pagedkv.model.packing import pack_linear_weights, weight_nbytes
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
@@ -45,10 +46,12 @@ class ModelRunner:
         model: Qwen3ForCausalLM,
         prepare: PrepareAttention,
         options: RunnerOptions | None = None,
+        static_decode: StaticDecode | None = None,
     ) -> None:
         self.model = model
         self.options = options or RunnerOptions()
         self._prepare = prepare
+        self._static = static_decode
         if self.options.pack_weights:
             pack_linear_weights(model)
 
@@ -77,13 +80,23 @@ class ModelRunner:
                 f"{shape.head_dim} channels; the model needs {config.num_hidden_layers} x "
                 f"{config.num_key_value_heads} x {config.head_dim}"
             )
-        return cls(model, partial(PagedStepAttention.prepare, store), options)
+        options = options or RunnerOptions()
+        static = None
+        if options.cuda_graphs or options.compile:
+            static = _static_decode(model, store, options)
+        return cls(model, partial(PagedStepAttention.prepare, store), options, static)
 
     @classmethod
     def recompute(
         cls, model: Qwen3ForCausalLM, options: RunnerOptions | None = None
     ) -> ModelRunner:
-        """A runner for cache-less (v0) plans; it keeps no K/V."""
+        """A runner for cache-less (v0) plans; it keeps no K/V.
+
+        Raises:
+            InvalidRequest: options that need a K/V pool (``cuda_graphs``, ``compile``).
+        """
+        if options is not None and (options.cuda_graphs or options.compile):
+            raise InvalidRequest("cuda_graphs and compile run decode steps of a v1 (paged) runner")
         return cls(model, RecomputeStepAttention.prepare, options)
 
     @classmethod
@@ -136,5 +149,42 @@ class ModelRunner:
         """
         with torch.inference_mode():
             attention = self._prepare(plan)
-            logits: torch.Tensor = self.model(plan, attention)
+            if (
+                self._static is not None
+                and isinstance(attention, PagedStepAttention)
+                and isinstance(attention.metadata, PagedAttentionMetadata)
+                and self._static.fits(plan, attention.metadata)
+            ):
+                logits = self._static.run(plan, attention.metadata)
+            else:
+                logits = self.model(plan, attention)
         return logits.float().cpu()
+
+
+#: Largest decode batch run by :class:`StaticDecode` (larger ones take the ordinary path).
+STATIC_MAX_BATCH = 256
+
+
+def _static_decode(
+    model: Qwen3ForCausalLM, store: PagedStore, options: RunnerOptions
+) -> StaticDecode:
+    """The fixed-shape decode path of ``options`` over the reference store.
+
+    Raises:
+        InvalidRequest: CUDA graphs on a model not on a CUDA device, or a store other than
+            the reference one (whose pools the captured step reads).
+    """
+    device = next(model.parameters()).device
+    if options.cuda_graphs and device.type != "cuda":
+        raise InvalidRequest(f"cuda_graphs needs a model on a CUDA device, not {device}")
+    if not isinstance(store, TorchPagedStore):
+        raise InvalidRequest("cuda_graphs and compile need pagedkv's TorchPagedStore")
+    config = store.config
+    return StaticDecode(
+        model,
+        store,
+        max_batch=STATIC_MAX_BATCH,
+        max_width=min(model.config.max_positions, config.num_pages * config.page_size),
+        cuda_graphs=options.cuda_graphs,
+        compile=options.compile,
+    )

@@ -15,11 +15,11 @@ class RunnerOptions:
     Attributes:
         pack_weights: repack linear weights for oneDNN where it is faster (bfloat16 on a CPU
             with bfloat16 kernels; :mod:`pagedkv.model.packing`); elsewhere it changes nothing.
-        compile: compile each decoder layer's position-wise work (norms, projections, RoPE,
-            MLP) with ``torch.compile`` (inductor), attention left eager; the first steps of
-            each new shape pay the compilation.
-        cuda_graphs: replay decode steps from CUDA graphs captured per batch size
-            (:mod:`pagedkv.engine.cuda_graphs`); CUDA only.
+        compile: run decode steps through ``torch.compile`` (inductor), one compiled step per
+            fixed shape (:mod:`pagedkv.engine.static_decode`); the first step of each new
+            shape pays the compilation. Prefill runs eagerly. v1 runners only.
+        cuda_graphs: replay decode steps from CUDA graphs captured per fixed shape
+            (:mod:`pagedkv.engine.static_decode`); v1 runners on a CUDA device only.
     """
 
     pack_weights: bool = True
