@@ -40,12 +40,12 @@ def pack_linear_weights(model: Qwen3ForCausalLM) -> int:
     The plain weights are released, so the model holds one copy of each (two of a tied
     embedding table)."""
     table = model.model.embed_tokens.weight
-    if model.lm_head is None and model.packed_head is None:
-        if packing_supported(table.dtype, table.device):
-            head = Linear(table.shape[1], table.shape[0], bias=False, device="meta")
-            head.weight = table
-            head.pack()
-            model.packed_head = head
+    tied = model.lm_head is None and model.packed_head is None
+    if tied and packing_supported(table.dtype, table.device):
+        head = Linear(table.shape[1], table.shape[0], bias=False, device="meta")
+        head.weight = table
+        head.pack()
+        model.packed_head = head
     packed = 0
     for module in model.modules():
         if isinstance(module, Linear) and module.packed is None:
