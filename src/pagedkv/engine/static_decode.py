@@ -11,8 +11,10 @@ has its own buffers and its own runner of the step:
   compiled on first use of the shape.
 
 Padding rows repeat row 0: the same token at the same position over the same context, so they
-compute exactly row 0's K/V, which they write to row 0's slot. Whichever write lands last, the
-slot holds row 0's values, and their logits are dropped. Gather positions past a sequence's
+compute row 0's K/V (to the last bit or nearly: a kernel may round rows of different tiles
+differently) and write it to row 0's slot; row 0's own K/V is then written again, alone, so the
+slot ends up holding exactly row 0's values whatever order the first writes land in. Padding
+rows' logits are dropped. Gather positions past a sequence's
 context re-read its position 0 and are masked, as in :mod:`pagedkv.kv.ragged_attention`.
 
 Before a step runs, the runner has already checked its plan against the store
@@ -31,7 +33,6 @@ from pagedkv.interfaces import AttentionBatch
 from pagedkv.kv.paged_store import PagedAttentionMetadata, TorchPagedStore
 from pagedkv.kv.ragged_attention import AttentionGroup, AttentionLayout
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
-from pagedkv.model.step_attention import PagedStepAttention
 from pagedkv.plan import StepPlan
 
 #: Narrowest gather of a static decode step, positions.
@@ -78,6 +79,27 @@ class _Buffers:
             mask=torch.zeros(rows, 1, 1, width, dtype=torch.bool, device=device),
             logits=torch.zeros(rows, vocab, dtype=torch.float32, device=device),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _PaddedStepAttention:
+    """The step attention of a padded batch: every row's K/V written, then row 0's again."""
+
+    store: TorchPagedStore
+    metadata: PagedAttentionMetadata
+    slots: torch.Tensor
+
+    def __call__(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        self.store.write(layer, self.slots, key, value)
+        self.store.write(layer, self.slots[:1], key[:1], value[:1])  # row 0's own values last
+        return self.store.attention(layer, query, self.metadata, scale)
 
 
 class StaticDecode:
@@ -173,7 +195,7 @@ class StaticDecode:
         metadata = PagedAttentionMetadata(
             num_slots=self.store.num_slots, layout=AttentionLayout(rows, (group,))
         )
-        attention = PagedStepAttention(self.store, metadata, buffers.slots)
+        attention = _PaddedStepAttention(self.store, metadata, buffers.slots)
         plan = StepPlan(
             input_ids=buffers.input_ids,
             positions=buffers.positions,
