@@ -89,7 +89,8 @@ def test_fixed_shape_decode_gives_the_ordinary_tokens_and_cache(checkpoint: Path
 
 def test_bucket_rounds_up_to_powers_of_two() -> None:
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
-    assert bucket(3, MIN_WIDTH) == MIN_WIDTH and bucket(65, MIN_WIDTH) == 128
+    assert bucket(3, MIN_WIDTH) == MIN_WIDTH
+    assert bucket(65, MIN_WIDTH) == 128
 
 
 @pytest.mark.spec("ENG-071")

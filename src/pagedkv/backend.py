@@ -37,7 +37,7 @@ class ReferenceBackend:
 
     name: str = "pagedkv reference"
     prefix_index: Literal["hash", "radix"] = "hash"
-    runner_options: RunnerOptions = RunnerOptions()
+    runner_options: RunnerOptions = dataclasses.field(default_factory=RunnerOptions)
     capabilities: frozenset[str] = frozenset(
         {"prefix_caching", "eviction", "reset", "paged_store", "model", "engine", "cuda"}
     )
