@@ -86,6 +86,7 @@ def machine_info(threads: int) -> dict[str, Any]:
         "physical_cores": physical_cores(),
         "cpu_flags": cpu_flags(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "torch_threads": threads,
         "platform": platform.platform(),
         "python": sys.version.split()[0],
