@@ -46,8 +46,12 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_checkpoint(PRESETS["tied-gqa2"], tmp_path_factory.mktemp("tied"))
 
 
-def paged_runner(path: Path, options: RunnerOptions | None = None) -> ModelRunner:
-    return ModelRunner.from_model_dir(path, num_pages=PAGES, page_size=PAGE, options=options)
+def paged_runner(
+    path: Path, options: RunnerOptions | None = None, dtype: str = "float32", device: str = "cpu"
+) -> ModelRunner:
+    return ModelRunner.from_model_dir(
+        path, num_pages=PAGES, page_size=PAGE, dtype=dtype, device=device, options=options
+    )
 
 
 def static_runner(path: Path) -> tuple[ModelRunner, StaticDecode]:
@@ -134,14 +138,7 @@ def test_packed_bfloat16_generates_the_plain_tokens(tmp_path: Path) -> None:
     path = build_tiny_checkpoint(PRESETS["untied-gqa4-wide"], tmp_path / "bf16", dtype="bfloat16")
 
     def run(pack: bool) -> list[list[int]]:
-        runner = ModelRunner.from_model_dir(
-            path,
-            num_pages=PAGES,
-            page_size=PAGE,
-            dtype="bfloat16",
-            options=RunnerOptions(pack_weights=pack),
-        )
-        return generate(runner)
+        return generate(paged_runner(path, RunnerOptions(pack_weights=pack), dtype="bfloat16"))
 
     assert run(True) == run(False)
 
@@ -153,13 +150,6 @@ def test_cuda_graph_decode_gives_the_eager_tokens(checkpoint: Path) -> None:
         pytest.skip("CUDA is not available on this machine")
 
     def run(graphs: bool) -> list[list[int]]:
-        runner = ModelRunner.from_model_dir(
-            checkpoint,
-            num_pages=PAGES,
-            page_size=PAGE,
-            device="cuda",
-            options=RunnerOptions(cuda_graphs=graphs),
-        )
-        return generate(runner)
+        return generate(paged_runner(checkpoint, RunnerOptions(cuda_graphs=graphs), device="cuda"))
 
     assert run(True) == run(False)
