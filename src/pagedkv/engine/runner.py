@@ -32,9 +32,9 @@ PrepareAttention = Callable[[StepPlan], StepAttention]
 class ModelRunner:
     """Runs plans on a model; the only place the engine's work meets tensors of the model.
 
-    Build it with :meth:`paged`, :meth:`recompute` or :meth:`from_model_dir`. ``options`` are
-    applied to the model here, once (packing its weights, compiling its layers): a model given
-    to several runners takes the first one's.
+    Build it with :meth:`paged`, :meth:`recompute` or :meth:`from_model_dir`. Packing the
+    weights (``options.pack_weights``) changes the model itself, once: a model given to several
+    runners stays packed. Compiled or captured decode steps belong to this runner.
 
     Attributes:
         model: the Qwen3 model.
