@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from pagedkv.backend import ReferenceBackend
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.errors import CheckpointError, UnsupportedModel
 from pagedkv.model.config import ModelConfig
@@ -336,9 +336,11 @@ def test_the_engine_caps_max_model_len_at_the_served_context(tmp_path: Path) -> 
     path = build_tiny_checkpoint(FAMILY_PRESETS["yarn"], tmp_path)
     runner = ModelRunner.from_model_dir(path, num_pages=8, page_size=16)
     assert runner.max_positions == 128  # 4 x 32, past max_position_embeddings (40)
-    engine = LLMEngine(runner, EngineConfig(num_pages=8, max_model_len=4096))
+    backend = ReferenceBackend()
+    engine = backend.create_engine(runner, EngineConfig(num_pages=8, max_model_len=4096))
     assert engine.max_model_len == 128
-    assert LLMEngine(runner, EngineConfig(num_pages=8, max_model_len=100)).max_model_len == 100
+    engine = backend.create_engine(runner, EngineConfig(num_pages=8, max_model_len=100))
+    assert engine.max_model_len == 100
 
 
 # -- config keys ----------------------------------------------------------------------------------
