@@ -7,13 +7,15 @@ the buffers, the padding by row 0 and the gather are the code a CUDA graph captu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
 from pagedkv.backend import ReferenceBackend
+from pagedkv.engine import static_decode
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import SamplingParams
@@ -25,6 +27,7 @@ from pagedkv.kv.paged_store import TorchPagedStore
 from pagedkv.model.layers import Linear
 from pagedkv.model.loader import load_model
 from pagedkv.model.packing import pack_linear_weights, packing_supported, weight_nbytes
+from pagedkv.model.step_attention import PagedStepAttention
 from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint, one_torch_thread
 
 PAGE = 5
@@ -89,6 +92,32 @@ def test_fixed_shape_decode_gives_the_ordinary_tokens_and_cache(checkpoint: Path
     for layer in range(ours.config.num_layers):
         torch.testing.assert_close(ours.key_pool(layer), theirs.key_pool(layer))
         torch.testing.assert_close(ours.value_pool(layer), theirs.value_pool(layer))
+
+
+@pytest.mark.spec("ENG-112", "ENG-113")
+def test_a_capture_warm_up_writes_only_the_plans_own_slots(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA graph is captured after warm-up runs of the step, for real, on its buffers. Run
+    here by a stand-in capture that does the same on the CPU: the warm-ups of each new shape
+    must write no slot but the plan's, so the tokens stay the ordinary path's."""
+    warm_ups: list[int] = []
+
+    def captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+        for _ in range(2):
+            step()
+            warm_ups.append(1)
+        return step
+
+    monkeypatch.setattr(static_decode, "_captured", captured)
+    model = load_model(checkpoint)
+    store = runner_store(paged_runner(checkpoint))
+    static = StaticDecode(model, store, max_batch=8, max_width=512, cuda_graphs=True, compile=False)
+    runner = ModelRunner(
+        model, partial(PagedStepAttention.prepare, store), store, static_decode=static
+    )
+    assert generate(runner) == generate(paged_runner(checkpoint))
+    assert len(warm_ups) == 2 * len(static.shapes) > 0
 
 
 def test_bucket_rounds_up_to_powers_of_two() -> None:

@@ -150,10 +150,18 @@ class StaticDecode:
         seqs = plan.num_seqs
         width = max(g.width for g in metadata.layout.groups)
         key = (bucket(seqs), bucket(width, MIN_WIDTH))
-        if key not in self._steps:
-            self._steps[key] = self._prepare(*key)
-        buffers, step = self._steps[key]
-        self._fill(buffers, plan)
+        if key in self._steps:
+            buffers, step = self._steps[key]
+            self._fill(buffers, plan)
+        else:
+            # Filled before the step is built: a CUDA graph's warm-up runs the step for real,
+            # and on this plan's buffers they write only this plan's slots, with the values the
+            # step writes again below. On empty buffers they would write slot 0 of the pool,
+            # which may hold another sequence's K/V.
+            buffers = self._allocate(*key)
+            self._fill(buffers, plan)
+            step = self._build(buffers)
+            self._steps[key] = (buffers, step)
         step()
         return buffers.logits[:seqs]
 
@@ -178,10 +186,15 @@ class StaticDecode:
         buffers.kv_index.copy_(torch.where(inside, slots, slots[:, :1]))
         buffers.mask.copy_(inside[:, None, None, :])
 
-    def _prepare(self, rows: int, width: int) -> tuple[_Buffers, Callable[[], None]]:
+    def _allocate(self, rows: int, width: int) -> _Buffers:
         device = self.store.key_pool(0).device
         page_size = self.store.config.page_size
-        buffers = _Buffers.allocate(rows, width, page_size, self.model.config.vocab_size, device)
+        return _Buffers.allocate(rows, width, page_size, self.model.config.vocab_size, device)
+
+    def _build(self, buffers: _Buffers) -> Callable[[], None]:
+        """The step over ``buffers`` (already holding a plan: see :meth:`run`)."""
+        rows, width = buffers.kv_index.shape
+        device = buffers.kv_index.device
         group = AttentionGroup(
             num_seqs=rows,
             q_len=1,
@@ -212,15 +225,18 @@ class StaticDecode:
             buffers.logits.copy_(self.model(plan, attention))
 
         if self.cuda_graphs:
-            return buffers, _captured(step, device)
+            return _captured(step, device)
         if self.compile:
-            return buffers, torch.compile(step, dynamic=False)
-        return buffers, step
+            return torch.compile(step, dynamic=False)
+        return step
 
 
 def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
     """``step`` captured as a CUDA graph (after warm-up runs on a side stream): replaying it
-    reruns its kernels on the buffers it captured."""
+    reruns its kernels on the buffers it captured.
+
+    Precondition: the buffers hold the plan about to run; the warm-up runs write its K/V.
+    """
     stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
