@@ -21,6 +21,7 @@ import torch
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
+from pagedkv.store.gather import gather_rows
 from pagedkv.store.ragged_attention import AttentionLayout, plan_attention, ragged_attention
 
 #: The dtype names a :class:`~pagedkv.interfaces.StoreConfig` (and the loader) accepts.
@@ -201,8 +202,8 @@ class TorchPagedStore:
         index = self._slot_index(slots)
         self._check_range(index, self._num_slots, "slots")
         return (
-            self._flat(0, layer).index_select(0, index),
-            self._flat(1, layer).index_select(0, index),
+            gather_rows(self._flat(0, layer), index),
+            gather_rows(self._flat(1, layer), index),
         )
 
     def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from pagedkv.store.gather import gather_rows
+
 #: Most query rows of one batched prefill call: equal-shape chunks are grouped up to this many
 #: rows (a chunk longer than it runs alone). Measured on CPU: short chunks gain up to 2x from
 #: sharing a call; past a few hundred rows a bigger batch no longer helps.
@@ -226,8 +228,8 @@ def _attend(
     q = q.view(n, q_len, *query.shape[1:]).transpose(1, 2)  # [n, H, q_len, D]
     # index_select on flat indices gathers about 2x faster than advanced indexing.
     flat = group.kv_index.reshape(-1)
-    k = keys.index_select(0, flat).view(n, width, *keys.shape[1:])
-    v = values.index_select(0, flat).view(n, width, *values.shape[1:])
+    k = gather_rows(keys, flat).view(n, width, *keys.shape[1:])
+    v = gather_rows(values, flat).view(n, width, *values.shape[1:])
     k = k.to(query.dtype).transpose(1, 2)  # [n, KV, width, D]
     v = v.to(query.dtype).transpose(1, 2)
     out = F.scaled_dot_product_attention(
