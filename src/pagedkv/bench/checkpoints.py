@@ -85,6 +85,8 @@ class Qwen3Shape:
         max_position_embeddings: positions the config declares.
         init_std: standard deviation of the random weights (norm weights are 1).
         seed: seed of the weights.
+        architecture: the config's ``architectures`` entry, as a released checkpoint has it
+            (vLLM picks its runner from it: without one it served the model as an embedder).
     """
 
     vocab: int = 151936
@@ -99,6 +101,7 @@ class Qwen3Shape:
     max_position_embeddings: int = 40960
     init_std: float = 0.02
     seed: int = 0
+    architecture: str = "Qwen3ForCausalLM"
 
 
 #: The Qwen3-0.6B shape.
@@ -156,6 +159,7 @@ def _generate(shape: Qwen3Shape, path: Path) -> None:
     partial = path.with_name(path.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
+    config.architectures = [shape.architecture]
     config.save_pretrained(partial)
     save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
     del tensors

@@ -34,7 +34,10 @@ from typing import Any
 def _generate(llm: Any, sampling: Any, requests: list[list[Any]]) -> float:
     """Seconds to run ``requests`` (``[prompt ids, max_tokens]``) to completion together."""
     prompts = [{"prompt_token_ids": list(prompt)} for prompt, _ in requests]
-    params = [sampling(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
+    params = [
+        sampling(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+        for _, n in requests
+    ]
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
