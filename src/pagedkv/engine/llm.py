@@ -70,6 +70,11 @@ class LLM:
         generation_config: where sampling defaults come from: ``auto`` (the checkpoint's
             ``generation_config.json``), ``vllm`` (none), or a directory holding one; they
             apply when ``generate`` is given no SamplingParams (ENG-080).
+        tensor_parallel_size: ranks the model is split over (specs/tensor-parallel.md):
+            above 1, ``LLM`` starts ``tensor_parallel_size - 1`` worker processes on this
+            machine, or under ``torchrun`` joins its ranks (a rank other than 0 serves rank 0
+            and leaves with ``SystemExit(0)`` when it closes). ``close()``, or leaving a
+            ``with LLM(...)`` block, ends them.
 
     Raises:
         InvalidRequest: ``page_size`` and ``block_size`` that differ, or an engine setting out
@@ -92,6 +97,7 @@ class LLM:
         dtype: str = "float32",
         device: str = "cpu",
         generation_config: str = "auto",
+        tensor_parallel_size: int = 1,
     ) -> None:
         if page_size is not None and block_size is not None and page_size != block_size:
             raise InvalidRequest(
@@ -109,9 +115,21 @@ class LLM:
         )
         from pagedkv.backend import ReferenceBackend
 
-        self.engine: LLMEngine = ReferenceBackend().load_engine(
+        backend = ReferenceBackend(tensor_parallel_size=tensor_parallel_size)
+        self.engine: LLMEngine = backend.load_engine(
             model, config, dtype=dtype, device=device, generation_config=generation_config
         )
+
+    def close(self) -> None:
+        """End the engine and release its runner: a tensor-parallel model's workers exit and
+        are joined (TP-023). Idempotent; the LLM generates nothing after."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def get_tokenizer(self) -> Any:
         """The model's Hugging Face tokenizer, as vLLM's ``get_tokenizer`` returns it.

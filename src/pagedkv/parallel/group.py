@@ -21,6 +21,7 @@ import logging
 import os
 import pickle
 import time
+import weakref
 from multiprocessing.process import BaseProcess
 
 import torch
@@ -74,6 +75,8 @@ class WorkerGroup:
         self._loads = 0
         #: Whether a runner holds the group's workers now (one at a time).
         self.in_use = False
+        # A group dropped without close() still ends the processes it started.
+        self._finalizer = weakref.finalize(self, _end, list(processes))
 
     @property
     def size(self) -> int:
@@ -265,7 +268,7 @@ class WorkerGroup:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
-        _end(self.processes)
+        self._finalizer()
 
 
 def _check_group(size: int, device_type: str, collective_timeout_s: float) -> None:
