@@ -251,7 +251,7 @@ class WorkerGroup:
             error = WorkerFailed(f"a tensor-parallel collective failed{detail}")
         logger.error("%s", error)
         self._failure = error
-        _end(self.processes)
+        _end(self.processes, kill=True)  # the survivors cannot go on: the protocol broke
         return error
 
     def close(self) -> None:
@@ -320,11 +320,15 @@ def _first_dead(processes: list[BaseProcess], grace_s: float) -> tuple[int, Base
         time.sleep(0.02)
 
 
-def _end(processes: list[BaseProcess]) -> None:
-    """Terminate, then kill, every process still running, and reap them all."""
+def _end(processes: list[BaseProcess], *, kill: bool = False) -> None:
+    """Terminate (or with ``kill`` kill at once, which also ends a stopped process), then
+    kill, every process still running, and reap them all."""
     for process in processes:
         if process.is_alive():
-            process.terminate()
+            if kill:
+                process.kill()
+            else:
+                process.terminate()
     for process in processes:
         process.join(JOIN_TIMEOUT_S / 2)
         if process.is_alive():

@@ -18,7 +18,7 @@ from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
 from pagedkv.parallel.group import WorkerGroup
 from pagedkv.parallel.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
-from pagedkv.parallel.runner import TensorParallelRunner
+from pagedkv.parallel.runner import TensorParallelRunner, check_options
 from pagedkv.parallel.worker import serve_rank
 
 #: The variables ``torchrun`` sets for every rank; all present means an ``env://`` launch.
@@ -71,6 +71,7 @@ def tensor_parallel_runner(
         SystemExit: on a rank other than 0 of a ``torchrun`` launch, once rank 0 has closed.
     """
     kind = device_type(device, size)
+    check_options(options or RunnerOptions(), size)
     if launched_by_torchrun():
         group, groups = WorkerGroup.from_environment(
             size, kind, collective_timeout_s=collective_timeout_s

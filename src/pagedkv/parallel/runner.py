@@ -80,10 +80,7 @@ class TensorParallelRunner:
             WorkerFailed: a worker died.
         """
         options = options or RunnerOptions()
-        if group.size > 1:
-            for name in ("compile", "cuda_graphs"):
-                if getattr(options, name):
-                    raise InvalidRequest(f"{name} is not supported with tensor_parallel_size > 1")
+        check_options(options, group.size)
         if group.in_use:
             raise InvalidRequest("the tensor-parallel group already runs a model")
         group.check()
@@ -172,6 +169,19 @@ class TensorParallelRunner:
                 logger.warning("unloading the tensor-parallel shards: %s", exc)
         if self._owns_group:
             self.group.close()
+
+
+def check_options(options: RunnerOptions, size: int) -> None:
+    """Refuse the runner options a group of ``size`` ranks cannot honour (TP-024).
+
+    Raises:
+        InvalidRequest: ``compile`` or ``cuda_graphs`` with more than one rank (their fixed
+            decode steps would have to capture the collectives).
+    """
+    if size > 1:
+        for name in ("compile", "cuda_graphs"):
+            if getattr(options, name):
+                raise InvalidRequest(f"{name} is not supported with tensor_parallel_size > 1")
 
 
 def _reply_error(replies: list[LoadReply]) -> Exception | None:
