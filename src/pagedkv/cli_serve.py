@@ -211,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         cache_salt_per_api_key=args.cache_salt_per_api_key,
         log_stats_interval_s=args.log_stats_interval or None,
         reasoning_parser=args.reasoning_parser,
+        close_engine=True,
     )
     options = HTTPOptions(
         host=args.host,

@@ -85,7 +85,11 @@ class MessageChannel:
         self._groups = groups
 
     def send(self, message: object) -> None:
-        """Broadcast ``message`` from rank 0."""
+        """Broadcast ``message`` from rank 0, within the collective timeout.
+
+        Raises:
+            RuntimeError: a worker is gone or did not take the message in time.
+        """
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         head = torch.zeros(INLINE_BYTES, dtype=torch.uint8)
         head[:_LENGTH_BYTES] = torch.tensor([len(payload)], dtype=torch.int64).view(torch.uint8)
@@ -93,11 +97,12 @@ class MessageChannel:
         head[_LENGTH_BYTES : _LENGTH_BYTES + len(inline)] = torch.frombuffer(
             bytearray(inline), dtype=torch.uint8
         )
-        self._groups.control.broadcast(head, 0).wait()
+        timeout = self._groups.timeout  # bounded on the sending side only
+        self._groups.control.broadcast(head, 0, timeout).wait()
         rest = payload[len(inline) :]
         if rest:
             tail = torch.frombuffer(bytearray(rest), dtype=torch.uint8)
-            self._groups.control.broadcast(tail, 0).wait()
+            self._groups.control.broadcast(tail, 0, timeout).wait()
 
     def receive(self) -> object:
         """The next message from rank 0 (blocks until it comes or rank 0 is gone)."""

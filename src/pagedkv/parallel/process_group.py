@@ -54,8 +54,11 @@ class CollectiveGroup(Protocol):
         """Sum ``tensors[0]`` over the ranks, in place."""
         ...
 
-    def broadcast(self, tensor: torch.Tensor, root: int) -> Work:
-        """Copy rank ``root``'s ``tensor`` into every rank's."""
+    def broadcast(
+        self, tensor: torch.Tensor, root: int, timeout: datetime.timedelta | None = None
+    ) -> Work:
+        """Copy rank ``root``'s ``tensor`` into every rank's, within ``timeout`` (default:
+        the group's)."""
         ...
 
     def gather(
@@ -76,6 +79,9 @@ class RankGroups:
         control: gloo group of rank 0's messages.
         data: the group of the model's collectives (gloo or NCCL).
         device: the device this rank's model lives on.
+        timeout: the bound of one collective, and of rank 0's sending of one message (a
+            gloo send waits for the receiver: a worker that stopped answering must not hold
+            rank 0 for the control group's unbounded timeout).
     """
 
     rank: int
@@ -84,6 +90,7 @@ class RankGroups:
     control: CollectiveGroup
     data: CollectiveGroup
     device: torch.device
+    timeout: datetime.timedelta
 
 
 def host_store(size: int) -> TCPStore:
@@ -129,7 +136,7 @@ def build_groups(
         data = _nccl_group(data_store, rank, size, timeout)
     else:
         data = _gloo(data_store, rank, size, timeout)
-    return RankGroups(rank, size, store, control, data, device)
+    return RankGroups(rank, size, store, control, data, device, timeout)
 
 
 def _gloo(store: Store, rank: int, size: int, timeout: datetime.timedelta) -> CollectiveGroup:

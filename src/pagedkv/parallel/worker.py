@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -118,5 +119,10 @@ def spawned_worker_main(worker: SpawnedWorker) -> None:
     store.set(f"ready/{worker.rank}", "1")
     device = rank_device(worker.device_type, worker.rank)
     groups = build_groups(store, worker.rank, worker.size, device, worker.collective_timeout_s)
-    with torch.inference_mode():
-        serve_rank(groups)
+    try:
+        with torch.inference_mode():
+            serve_rank(groups)
+    except RuntimeError as exc:  # rank 0 (or a peer) is gone: leave, saying why in one line
+        message = " ".join(str(exc).split())
+        print(f"pagedkv tensor-parallel rank {worker.rank}: leaving: {message}", file=sys.stderr)
+        raise SystemExit(1) from None
