@@ -331,3 +331,12 @@ def test_a_server_whose_worker_dies(model: Path) -> None:
             assert after.status_code == 503
     finally:
         llm.close()
+
+
+@pytest.mark.spec("TP-003")
+def test_the_command_line_refuses_a_size_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from pagedkv.cli import main
+
+    status = main(["generate", "--tensor-parallel-size", "0", "--prompt", "x", "--max-tokens", "2"])
+    assert status == 1
+    assert "tensor_parallel_size must be >= 1, got 0" in capsys.readouterr().err
