@@ -22,11 +22,11 @@ from server_harness import post_json, running
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import LLM
 from pagedkv.engine.params import SamplingParams
+from pagedkv.entrypoints.server.app import ServerConfig, create_app
 from pagedkv.errors import InvalidRequest, RunnerFailed, WorkerFailed
 from pagedkv.interfaces import Engine
 from pagedkv.parallel.group import WorkerGroup
 from pagedkv.parallel.runner import TensorParallelRunner
-from pagedkv.server.app import ServerConfig, create_app
 from pagedkv.testing.tiny_qwen3 import build_tiny_checkpoint, preset_spec
 
 BIN = Path(sys.executable).parent
@@ -335,7 +335,7 @@ def test_a_server_whose_worker_dies(model: Path) -> None:
 
 @pytest.mark.spec("TP-003")
 def test_the_command_line_refuses_a_size_below_one(capsys: pytest.CaptureFixture[str]) -> None:
-    from pagedkv.cli import main
+    from pagedkv.entrypoints.cli.main import main
 
     status = main(["generate", "--tensor-parallel-size", "0", "--prompt", "x", "--max-tokens", "2"])
     assert status == 1

@@ -132,7 +132,7 @@ class ReferenceBackend:
             raise
 
     def create_paged_store(self, config: StoreConfig) -> PagedStore:
-        from pagedkv.kv.paged_store import TorchPagedStore
+        from pagedkv.store.paged_store import TorchPagedStore
 
         return TorchPagedStore(config)
 

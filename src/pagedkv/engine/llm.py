@@ -15,13 +15,12 @@ from typing import Any, cast
 from tqdm import tqdm
 
 from pagedkv.engine.config import CacheMode, EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompts import PromptType, is_one_prompt
 from pagedkv.engine.tokenizer import Message
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import Engine
+from pagedkv.interfaces import Closable, Engine
 
 Prompt = PromptType
 #: Tokens per KV page when neither ``page_size`` nor ``block_size`` is given.
@@ -113,17 +112,22 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             mode=mode,
         )
-        from pagedkv.backend import ReferenceBackend
+        from pagedkv.backend import load_engine
 
-        backend = ReferenceBackend(tensor_parallel_size=tensor_parallel_size)
-        self.engine: LLMEngine = backend.load_engine(
-            model, config, dtype=dtype, device=device, generation_config=generation_config
+        self.engine: Engine = load_engine(
+            model,
+            config,
+            dtype=dtype,
+            device=device,
+            generation_config=generation_config,
+            tensor_parallel_size=tensor_parallel_size,
         )
 
     def close(self) -> None:
         """End the engine and release its runner: a tensor-parallel model's workers exit and
         are joined (TP-023). Idempotent; the LLM generates nothing after."""
-        self.engine.close()
+        if isinstance(self.engine, Closable):
+            self.engine.close()
 
     def __enter__(self) -> LLM:
         return self
