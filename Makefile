@@ -8,8 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
-.PHONY: install demo test conformance conformance-compiled conformance-vllm vllm-install typecheck lint \
-	clean bench bench-gate chaos
+.PHONY: install demo test conformance conformance-compiled conformance-tp conformance-vllm vllm-install \
+	typecheck lint clean bench bench-gate chaos
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,13 @@ chaos: install
 conformance-compiled: install
 	$(BIN)/pytest -q --pyargs pagedkv_conformance.test_golden pagedkv_conformance.test_golden_family \
 		--backend pagedkv.backend:compiled_backend
+
+# The golden suites with every model split over two ranks (a worker process spawned per runner,
+# gloo on the CPU); minutes, not in `make test`, which runs its own tensor-parallel checks on
+# shared workers (tests/test_tensor_parallel*.py).
+conformance-tp: install
+	$(BIN)/pytest -q --pyargs pagedkv_conformance.test_golden pagedkv_conformance.test_golden_family \
+		--backend pagedkv.backend:tensor_parallel_backend
 
 # vLLM's v1 KV cache manager through the KVManager suite (examples/vllm_backend): rewrites the
 # table in conformance/README.md. Its own virtualenv, because vLLM pins its own dependencies;

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC_DIR = ROOT / "specs"
 SOURCE_DIRS = (ROOT / "tests", ROOT / "conformance")
 
-REQUIREMENT = re.compile(r"^- \*\*([A-Z]{3}-\d{3})\*\* (MUST|SHOULD)", re.MULTILINE)
+REQUIREMENT = re.compile(r"^- \*\*([A-Z]{2,3}-\d{3})\*\* (MUST|SHOULD)", re.MULTILINE)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pagedkv.engine.runner_options import RunnerOptions
-from pagedkv.interfaces import KVManager, KVManagerConfig, PagedStore, StoreConfig
+from pagedkv.errors import InvalidRequest
+from pagedkv.interfaces import Closable, KVManager, KVManagerConfig, PagedStore, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.kv.radix_index import RadixPrefixIndex
 from pagedkv.model_source import resolve_dtype, resolve_model
@@ -35,11 +36,15 @@ class ReferenceBackend:
         runner_options: how the model runners built here run their models (ENG-110); a v0
             runner (no K/V pool) takes them without ``compile`` and ``cuda_graphs``, which
             run v1 decode steps.
+        tensor_parallel_size: ranks each model runner built here splits its model over
+            (specs/tensor-parallel.md): above 1, the runner starts its workers (or joins a
+            ``torchrun`` launch) and ends them when closed.
     """
 
     name: str = "pagedkv reference"
     prefix_index: Literal["hash", "radix"] = "hash"
     runner_options: RunnerOptions = dataclasses.field(default_factory=RunnerOptions)
+    tensor_parallel_size: int = 1
     capabilities: frozenset[str] = frozenset(
         {"prefix_caching", "eviction", "reset", "fork", "paged_store", "model", "engine", "cuda"}
     )
@@ -107,6 +112,9 @@ class ReferenceBackend:
 
         config = config or EngineConfig()
         path = resolve_model(model_dir)
+        defaults = GenerationDefaults.load(generation_config, path)
+        tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
+        eos_ids = eos_token_ids(path)
         runner = self.create_model_runner(
             str(path),
             num_pages=config.num_pages if config.mode == "v1" else None,
@@ -114,14 +122,14 @@ class ReferenceBackend:
             dtype=resolve_dtype(dtype, path),
             device=device,
         )
-        tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
-        return self.create_engine(
-            runner,
-            config,
-            tokenizer=tokenizer,
-            eos_ids=eos_token_ids(path),
-            generation_defaults=GenerationDefaults.load(generation_config, path),
-        )
+        try:
+            return self.create_engine(
+                runner, config, tokenizer=tokenizer, eos_ids=eos_ids, generation_defaults=defaults
+            )
+        except BaseException:
+            if isinstance(runner, Closable):  # a tensor-parallel runner's workers
+                runner.close()
+            raise
 
     def create_paged_store(self, config: StoreConfig) -> PagedStore:
         from pagedkv.store.paged_store import TorchPagedStore
@@ -137,15 +145,39 @@ class ReferenceBackend:
         dtype: str = "float32",
         device: str = "cpu",
     ) -> StepRunner:
+        """A runner for the checkpoint (see :class:`~pagedkv.interfaces.ModelBackend`); split
+        over ``tensor_parallel_size`` ranks when that is above 1.
+
+        Raises:
+            InvalidRequest: ``tensor_parallel_size`` < 1, or an option the runner cannot
+                honour.
+        """
         from pagedkv.engine.runner import ModelRunner
 
+        options = self.runner_options if num_pages is not None else self._v0_options()
+        if self.tensor_parallel_size != 1:
+            if self.tensor_parallel_size < 1:
+                raise InvalidRequest(
+                    f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}"
+                )
+            from pagedkv.parallel.launch import tensor_parallel_runner
+
+            return tensor_parallel_runner(
+                model_dir,
+                self.tensor_parallel_size,
+                num_pages=num_pages,
+                page_size=page_size,
+                dtype=dtype,
+                device=device,
+                options=options,
+            )
         return ModelRunner.from_model_dir(
             model_dir,
             num_pages=num_pages,
             page_size=page_size,
             dtype=dtype,
             device=device,
-            options=self.runner_options if num_pages is not None else self._v0_options(),
+            options=options,
         )
 
     def _v0_options(self) -> RunnerOptions:
@@ -164,11 +196,12 @@ def load_engine(
     dtype: str = "float32",
     device: str = "cpu",
     generation_config: str = "auto",
+    tensor_parallel_size: int = 1,
 ) -> Engine:
     """The reference backend's engine for a model directory (see
     :meth:`ReferenceBackend.load_engine`), typed as the :class:`~pagedkv.interfaces.Engine`
-    Protocol its users live on."""
-    return ReferenceBackend().load_engine(
+    Protocol its users live on; its model split over ``tensor_parallel_size`` ranks."""
+    return ReferenceBackend(tensor_parallel_size=tensor_parallel_size).load_engine(
         model_dir, config, dtype=dtype, device=device, generation_config=generation_config
     )
 
@@ -186,3 +219,11 @@ def compiled_backend() -> ReferenceBackend:
     return ReferenceBackend(
         name="pagedkv reference, compiled decode", runner_options=RunnerOptions(compile=True)
     )
+
+
+def tensor_parallel_backend() -> ReferenceBackend:
+    """Factory for ``--backend pagedkv.backend:tensor_parallel_backend``: the reference with
+    every model split over two ranks (each runner spawns its worker), held to the golden
+    suites (``make conformance-tp``; minutes, not in ``make test``, which runs its own TP
+    checks on shared workers)."""
+    return ReferenceBackend(name="pagedkv reference, tensor-parallel x2", tensor_parallel_size=2)

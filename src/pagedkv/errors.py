@@ -82,3 +82,26 @@ class CheckpointError(PagedKVError):
 
 class UnsupportedModel(CheckpointError):
     """The checkpoint's architecture or a config option is not one pagedkv implements."""
+
+
+class RunnerFailed(PagedKVError):
+    """The model runner can run no further step: the engine ends with this error rather than
+    retrying (TP-022). Every later step raises it again."""
+
+
+class WorkerFailed(RunnerFailed):
+    """A tensor-parallel worker died or stopped answering within the collective timeout.
+
+    Attributes:
+        rank: the rank that failed, when it is known.
+        exitcode: its process's exit code (negative: killed by that signal), when this process
+            started it and it has exited.
+    """
+
+    def __init__(self, message: str, rank: int | None = None, exitcode: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.exitcode = exitcode
+
+    def __reduce__(self) -> tuple[type[WorkerFailed], tuple[str, int | None, int | None]]:
+        return type(self), (str(self), self.rank, self.exitcode)

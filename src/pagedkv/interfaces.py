@@ -503,6 +503,16 @@ class StepRunner(Protocol):
 
 
 @runtime_checkable
+class Closable(Protocol):
+    """A runner (or anything) holding resources beyond memory, released by :meth:`close`:
+    a tensor-parallel runner's worker processes (TP-023)."""
+
+    def close(self) -> None:
+        """Release them; idempotent."""
+        ...
+
+
+@runtime_checkable
 class Engine(Protocol):
     """Orchestration: decides what runs each step and hands the model an explicit plan.
 

@@ -28,6 +28,7 @@ WORKLOADS = (
     "detokenize",
     "parallel",
     "peers",
+    "tp",
 )
 
 #: The workloads ``--device cuda`` runs: those of the Qwen3-0.6B-shaped checkpoint.

@@ -25,6 +25,7 @@ from pagedkv.bench import (
     scaling,
     scheduling,
     shared_prefix,
+    tensor_parallel,
 )
 from pagedkv.bench.checkpoints import QWEN3_0_6B, Checkpoint, small_checkpoint
 from pagedkv.bench.cli import CUDA_WORKLOADS, WORKLOADS
@@ -53,6 +54,7 @@ def _runners() -> dict[str, Runner]:
         "detokenize": lambda ctx, ck, vocab: detokenize.run(ctx, ck),
         "parallel": lambda ctx, ck, vocab: parallel.run(ctx, ck),
         "peers": lambda ctx, ck, vocab: peers.run(ctx),
+        "tp": lambda ctx, ck, vocab: tensor_parallel.run(ctx),
     }
 
 

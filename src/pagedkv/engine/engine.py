@@ -9,6 +9,11 @@ One request's failure is that request's alone (ENG-070..072): an error in one ro
 or in one request's text fails that request and no other, and a step whose model run raises is
 applied as nothing and tried again (the scheduler decides how often, and which request then
 fails). ``step()`` never raises for either.
+
+A runner that can run nothing more (:class:`~pagedkv.errors.RunnerFailed`: a tensor-parallel
+worker died, TP-022) ends the engine instead: every unfinished request fails with the error,
+and ``step()`` and ``add_request()`` raise it, then and from then on. :meth:`LLMEngine.close`
+releases what the runner holds (a tensor-parallel runner's worker processes, TP-023).
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ from pagedkv.engine.request import Request, RequestStatus
 from pagedkv.engine.sampler import Sampled, SampleRow, sample_rows
 from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput, make_scheduler
 from pagedkv.engine.tokenizer import Tokenizer
-from pagedkv.errors import InvalidRequest, RequestTooLong
-from pagedkv.interfaces import KVManager, StepRunner
+from pagedkv.errors import InvalidRequest, RequestTooLong, RunnerFailed
+from pagedkv.interfaces import Closable, KVManager, StepRunner
 from pagedkv.plan import StepPlan
 
 #: Called after every step that ran, with what the step did.
@@ -85,6 +90,7 @@ class LLMEngine:
         self._tokens_computed = 0
         self._prefill_tokens_computed = 0
         self._peak_pages = 0
+        self._failure: RunnerFailed | None = None
 
     @classmethod
     def from_model_dir(
@@ -117,6 +123,8 @@ class LLMEngine:
         ``prompt`` is text, token ids, or a vLLM prompt dict (ENG-062). Without ``params`` the
         model's generation defaults apply (ENG-080).
         """
+        if self._failure is not None:
+            raise self._failure
         params = params or self.generation_defaults.sampling_params()
         parsed = parse_prompt(prompt)
         if parsed.cache_salt is not None:
@@ -243,7 +251,13 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch; returns the outputs of the requests it advanced or failed
-        (finish reason ``error``, ENG-070..072)."""
+        (finish reason ``error``, ENG-070..072).
+
+        Raises:
+            RunnerFailed: the runner can run no more steps (TP-022); the engine has ended.
+        """
+        if self._failure is not None:
+            raise self._failure
         start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled.chunks:
@@ -253,6 +267,9 @@ class LLMEngine:
             plan = self.scheduler.build_plan(scheduled, self.runner.device)
             planned_at = time.perf_counter()
             logits = self._execute(plan, sum(c.num_logits for c in scheduled.chunks))
+        except RunnerFailed as exc:  # nothing can run any more: the engine ends
+            self._end(exc)
+            raise
         except Exception as exc:  # the whole step failed: none of it is applied (ENG-071)
             failed = self.scheduler.update_from_failure(scheduled, _describe(exc))
             return self._outputs(failed)
@@ -283,6 +300,25 @@ class LLMEngine:
             for observer in tuple(self._observers):
                 observer(report)
         return outputs
+
+    def _end(self, failure: RunnerFailed) -> None:
+        """End the engine: every unfinished request fails with ``failure`` (its pages freed),
+        and every later step or request raises it."""
+        self._failure = failure
+        for group in list(self._requests.values()):
+            for sequence in group.sequences:
+                if not sequence.finished:
+                    self.scheduler.fail(sequence, _describe(failure))
+            self._forget(group)
+
+    def close(self) -> None:
+        """End the engine: unfinished requests fail, later steps and requests raise
+        ``RunnerFailed``, and the runner releases what it holds (a tensor-parallel runner ends
+        its workers, TP-023). Idempotent."""
+        if self._failure is None:
+            self._end(RunnerFailed("the engine was closed"))
+        if isinstance(self.runner, Closable):
+            self.runner.close()
 
     def _execute(self, plan: StepPlan, num_rows: int) -> torch.Tensor:
         """The runner's logits for ``plan``: ``num_rows`` rows, one per sequence plus the

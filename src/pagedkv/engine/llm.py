@@ -20,7 +20,7 @@ from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompts import PromptType, is_one_prompt
 from pagedkv.engine.tokenizer import Message
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import Engine
+from pagedkv.interfaces import Closable, Engine
 
 Prompt = PromptType
 #: Tokens per KV page when neither ``page_size`` nor ``block_size`` is given.
@@ -69,6 +69,11 @@ class LLM:
         generation_config: where sampling defaults come from: ``auto`` (the checkpoint's
             ``generation_config.json``), ``vllm`` (none), or a directory holding one; they
             apply when ``generate`` is given no SamplingParams (ENG-080).
+        tensor_parallel_size: ranks the model is split over (specs/tensor-parallel.md):
+            above 1, ``LLM`` starts ``tensor_parallel_size - 1`` worker processes on this
+            machine, or under ``torchrun`` joins its ranks (a rank other than 0 serves rank 0
+            and leaves with ``SystemExit(0)`` when it closes). ``close()``, or leaving a
+            ``with LLM(...)`` block, ends them.
 
     Raises:
         InvalidRequest: ``page_size`` and ``block_size`` that differ, or an engine setting out
@@ -91,6 +96,7 @@ class LLM:
         dtype: str = "float32",
         device: str = "cpu",
         generation_config: str = "auto",
+        tensor_parallel_size: int = 1,
     ) -> None:
         if page_size is not None and block_size is not None and page_size != block_size:
             raise InvalidRequest(
@@ -109,8 +115,25 @@ class LLM:
         from pagedkv.backend import load_engine
 
         self.engine: Engine = load_engine(
-            model, config, dtype=dtype, device=device, generation_config=generation_config
+            model,
+            config,
+            dtype=dtype,
+            device=device,
+            generation_config=generation_config,
+            tensor_parallel_size=tensor_parallel_size,
         )
+
+    def close(self) -> None:
+        """End the engine and release its runner: a tensor-parallel model's workers exit and
+        are joined (TP-023). Idempotent; the LLM generates nothing after."""
+        if isinstance(self.engine, Closable):
+            self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def get_tokenizer(self) -> Any:
         """The model's Hugging Face tokenizer, as vLLM's ``get_tokenizer`` returns it.

@@ -72,15 +72,16 @@ class ModelRunner:
             InvalidRequest: the store is not shaped for the model (layers, KV heads, head dim).
         """
         shape, config = store.config, model.config
+        kv_heads = model.layout.num_kv_heads  # a tensor-parallel rank's own (TP-002)
         if (shape.num_layers, shape.num_kv_heads, shape.head_dim) != (
             config.num_hidden_layers,
-            config.num_key_value_heads,
+            kv_heads,
             config.head_dim,
         ):
             raise InvalidRequest(
                 f"store holds {shape.num_layers} layers x {shape.num_kv_heads} KV heads x "
                 f"{shape.head_dim} channels; the model needs {config.num_hidden_layers} x "
-                f"{config.num_key_value_heads} x {config.head_dim}"
+                f"{kv_heads} x {config.head_dim}"
             )
         options = options or RunnerOptions()
         static = None
@@ -115,18 +116,33 @@ class ModelRunner:
         """Load a checkpoint; with ``num_pages`` set, preallocate its K/V pool once and run v1
         plans, else run v0 plans."""
         model = load_model(model_dir, dtype=dtype, device=device)
+        return cls.for_model(model, num_pages=num_pages, page_size=page_size, options=options)
+
+    @classmethod
+    def for_model(
+        cls,
+        model: Qwen3ForCausalLM,
+        *,
+        num_pages: int | None,
+        page_size: int,
+        options: RunnerOptions | None = None,
+    ) -> ModelRunner:
+        """With ``num_pages`` set, a v1 runner over a fresh K/V pool shaped for ``model`` (for
+        a tensor-parallel shard: its own K/V heads) in its dtype and on its device; else a v0
+        runner."""
         if num_pages is None:
             return cls.recompute(model, options)
         cfg = model.config
+        weight = next(model.parameters())
         store = TorchPagedStore(
             StoreConfig(
                 num_layers=cfg.num_hidden_layers,
-                num_kv_heads=cfg.num_key_value_heads,
+                num_kv_heads=model.layout.num_kv_heads,
                 head_dim=cfg.head_dim,
                 page_size=page_size,
                 num_pages=num_pages,
-                dtype=dtype,
-                device=device,
+                dtype=str(weight.dtype).removeprefix("torch."),
+                device=str(weight.device),
             )
         )
         return cls.paged(model, store, options)

@@ -12,30 +12,48 @@ import torch
 from torch import nn
 
 from pagedkv.model.config import ModelConfig
-from pagedkv.model.layers import Linear, MergedLinear, RMSNorm, apply_rotary
+from pagedkv.model.layers import MergedLinear, RMSNorm, RowParallelLinear, apply_rotary
 from pagedkv.model.step_attention import StepAttention
+from pagedkv.model.tensor_parallel import Collectives, ShardLayout
 
 
 class Qwen3Attention(nn.Module):
     """One layer's attention block. q, k and v are one product (``qkv_proj``, stored in the
     checkpoint as ``q_proj``, ``k_proj`` and ``v_proj``); other names follow the checkpoint.
 
+    Tensor-parallel, the block holds the rank's query heads and K/V heads
+    (:class:`~pagedkv.model.tensor_parallel.ShardLayout`): ``qkv_proj`` is column-parallel,
+    attention runs on the rank's heads against its own store, and ``o_proj`` is row-parallel.
+
     Args:
         config: the model configuration.
         layer: index of the layer, the one used in the store.
+        layout: the rank's blocks (default: the whole model).
+        collectives: the rank's group (none: a group of one).
     """
 
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer: int,
+        layout: ShardLayout | None = None,
+        collectives: Collectives | None = None,
+    ) -> None:
         super().__init__()
+        layout = layout or ShardLayout.of(config)
         self.layer = layer
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = layout.num_heads
+        self.num_kv_heads = layout.num_kv_heads
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         bias = config.attention_bias
-        parts = (("q_proj", config.q_size), ("k_proj", config.kv_size), ("v_proj", config.kv_size))
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        parts = (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size))
         self.qkv_proj = MergedLinear(config.hidden_size, parts, bias=bias)
-        self.o_proj = Linear(config.q_size, config.hidden_size, bias=bias)
+        self.o_proj = RowParallelLinear(
+            q_size, config.hidden_size, bias, collectives, adds_bias=layout.is_first
+        )
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from pagedkv.model.tensor_parallel import Collectives, SingleRank
+
 
 class Linear(nn.Linear):
     """``nn.Linear`` whose weight may be repacked once for a faster CPU kernel.
@@ -37,13 +39,49 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[..., in_features]``; returns ``[..., out_features]``."""
+        return self.product(x, with_bias=True)
+
+    def product(self, x: torch.Tensor, *, with_bias: bool) -> torch.Tensor:
+        """``x @ weight.T``, plus the bias (if any) when ``with_bias``."""
+        bias = self.bias if with_bias else None
         if self.packed is not None:
-            bias = None if self.bias is None else self.bias.detach()
             out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x, self.packed, bias, "none", [], ""
+                x, self.packed, None if bias is None else bias.detach(), "none", [], ""
             )
             return out
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, bias)
+
+
+class RowParallelLinear(Linear):
+    """A linear layer whose input features are split over the ranks (Megatron's row-parallel
+    layer): each rank multiplies its block of the input by its block of the weight's columns,
+    and the partial products are summed by one all-reduce. Rank 0 alone adds the bias, before
+    the sum (as vLLM does), so it is added once. In a group of one it is exactly ``Linear``.
+
+    Args:
+        in_features: this rank's input width (its block).
+        out_features: output width (whole).
+        bias: whether the layer has a bias (replicated on every rank).
+        collectives: the rank's group.
+        adds_bias: whether this rank adds the bias (rank 0).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        collectives: Collectives | None = None,
+        adds_bias: bool = True,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.collectives: Collectives = collectives or SingleRank()
+        self.adds_bias = adds_bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[..., in_features]`` (this rank's block); returns ``[..., out_features]``,
+        the same on every rank."""
+        return self.collectives.all_reduce(self.product(x, with_bias=self.adds_bias))
 
 
 class MergedLinear(Linear):
@@ -104,16 +142,23 @@ class SwiGLUMLP(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with bias-free projections, gate and up merged into one
     product (``gate_up_proj``, stored as ``gate_proj`` and ``up_proj``).
 
+    Tensor-parallel, ``gate_up_proj`` holds this rank's rows of gate then of up
+    (column-parallel) and ``down_proj`` the matching columns (row-parallel, summed over the
+    ranks).
+
     Args:
         hidden_size: input and output width.
-        intermediate_size: width of the gated hidden layer.
+        intermediate_size: width of the gated hidden layer held by this rank.
+        collectives: the rank's group (none: a group of one).
     """
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, collectives: Collectives | None = None
+    ) -> None:
         super().__init__()
         parts = (("gate_proj", intermediate_size), ("up_proj", intermediate_size))
         self.gate_up_proj = MergedLinear(hidden_size, parts, bias=False)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, False, collectives)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[T, hidden_size]``; returns ``[T, hidden_size]``."""

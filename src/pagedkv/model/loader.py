@@ -7,6 +7,9 @@ any weight is read, so a bad checkpoint fails fast with a :class:`~pagedkv.error
 that names the offending tensor. Per-expert MoE tensors are copied into the model's stacked
 expert parameters, and the parts of merged projections (q/k/v, gate/up) into their rows
 (:mod:`pagedkv.model.checkpoint_layout`).
+
+One rank of a tensor-parallel group loads only its shard: its blocks of the split tensors are
+read with ``get_slice``, so no rank ever holds a whole split tensor (TP-004).
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from pagedkv.errors import CheckpointError
-from pagedkv.model.checkpoint_layout import TensorPiece, checkpoint_pieces
+from pagedkv.model.checkpoint_layout import ShardedPiece, checkpoint_pieces, shard_pieces
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.layers import MergedLinear
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
+from pagedkv.model.tensor_parallel import Collectives, ShardLayout
 from pagedkv.store.paged_store import torch_device, torch_dtype
 
 SINGLE_FILE = "model.safetensors"
@@ -38,8 +42,13 @@ def load_model(
     model_dir: str | Path,
     dtype: str = "float32",
     device: str | torch.device = "cpu",
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    collectives: Collectives | None = None,
 ) -> Qwen3ForCausalLM:
-    """Load the checkpoint in ``model_dir`` for inference.
+    """Load the checkpoint in ``model_dir`` for inference, or one tensor-parallel rank's shard
+    of it.
 
     Args:
         model_dir: a directory with ``config.json`` and either ``model.safetensors`` or
@@ -47,6 +56,10 @@ def load_model(
         dtype: parameter dtype, ``float32``, ``bfloat16`` or ``float16``; checkpoint tensors
             are converted as they are copied in.
         device: where the parameters live, e.g. ``cpu`` or ``cuda:0``.
+        tp_rank: this rank of a tensor-parallel group (specs/tensor-parallel.md).
+        tp_size: ranks in the group; 1 loads the whole model.
+        collectives: the group's collectives, which the shard's layers call (needed to run,
+            not to load, a shard of a group of several).
 
     Returns:
         The model in eval mode with ``requires_grad`` off on every parameter.
@@ -54,30 +67,34 @@ def load_model(
     Raises:
         CheckpointError: a missing directory, config, weight file or tensor, a tensor of the
             wrong shape, or tensors the model does not have; the message names each of them.
-        UnsupportedModel: the config asks for something pagedkv does not implement.
+        UnsupportedModel: the config asks for something pagedkv does not implement, or a
+            dimension ``tp_size`` ranks cannot split (TP-003).
         InvalidRequest: an unknown ``dtype``, or a ``device`` that is invalid or unavailable.
     """
     target_dtype = torch_dtype(dtype)
     target_device = torch_device(device)
     directory = Path(model_dir)
     config = ModelConfig.from_dir(directory)
+    layout = ShardLayout.of(config, tp_rank, tp_size)
     paths, index = _weight_files(directory)
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(config)
+        model = Qwen3ForCausalLM(config, layout, collectives)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     merged = merged_parts(model)
     with ExitStack() as stack:
         handles = {path: stack.enter_context(_open(path)) for path in paths}
         locations = _locate(index, handles, config)
-        pieces = checkpoint_pieces(shapes, locations.keys(), merged)
+        pieces = shard_pieces(checkpoint_pieces(shapes, locations.keys(), merged), config, layout)
         _check_names(pieces, locations)
         _check_shapes(pieces, locations, handles)
         model = model.to(dtype=target_dtype).to_empty(device=target_device)
+        if layout.vocab_stop - layout.vocab_start < layout.vocab_rows:
+            _zero_vocab_padding(model)
         params = dict(model.named_parameters())
         for piece in pieces:
             path = locations[piece.tensor]
             with torch.no_grad():
-                params[piece.param][piece.index].copy_(_read(handles[path], piece.tensor, path))
+                params[piece.param][piece.index].copy_(_read(handles[path], piece, path))
     model.eval()
     model.requires_grad_(False)
     return model
@@ -179,7 +196,17 @@ def _names(names: set[str]) -> str:
     return shown + (f" and {extra} more" if extra > 0 else "")
 
 
-def _check_names(pieces: list[TensorPiece], locations: Mapping[str, Path]) -> None:
+def _zero_vocab_padding(model: Qwen3ForCausalLM) -> None:
+    """Zero the padding rows of the last rank's vocabulary block: never looked up, and their
+    logits are cut off, but they must not hold whatever the allocator left there (NaN)."""
+    real = model.layout.vocab_stop - model.layout.vocab_start
+    with torch.no_grad():
+        model.model.embed_tokens.weight[real:].zero_()
+        if model.lm_head is not None:
+            model.lm_head.weight[real:].zero_()
+
+
+def _check_names(pieces: list[ShardedPiece], locations: Mapping[str, Path]) -> None:
     needed = {piece.tensor for piece in pieces}
     missing = needed - set(locations)
     if missing:
@@ -192,7 +219,7 @@ def _check_names(pieces: list[TensorPiece], locations: Mapping[str, Path]) -> No
 
 
 def _check_shapes(
-    pieces: list[TensorPiece], locations: Mapping[str, Path], handles: Mapping[Path, _Handle]
+    pieces: list[ShardedPiece], locations: Mapping[str, Path], handles: Mapping[Path, _Handle]
 ) -> None:
     for piece in pieces:
         found = handles[locations[piece.tensor]].shape(piece.tensor)
@@ -202,9 +229,14 @@ def _check_shapes(
             )
 
 
-def _read(handle: _Handle, name: str, path: Path) -> torch.Tensor:
+def _read(handle: _Handle, piece: ShardedPiece, path: Path) -> torch.Tensor:
+    """The piece's tensor, or only its block (``piece.source``) of it."""
+    name = piece.tensor
     try:
-        tensor: torch.Tensor = handle.raw.get_tensor(name)
+        if piece.source:
+            tensor: torch.Tensor = handle.raw.get_slice(name)[piece.source]
+        else:
+            tensor = handle.raw.get_tensor(name)
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"cannot read tensor {name!r} from {path}: {exc}") from exc
     if not tensor.dtype.is_floating_point:

@@ -18,6 +18,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from pagedkv.model.config import MoeConfig
+from pagedkv.model.tensor_parallel import Collectives, SingleRank
 
 
 class Qwen3MoeExperts(nn.Module):
@@ -26,22 +27,26 @@ class Qwen3MoeExperts(nn.Module):
     Checkpoints store one tensor per expert and projection (``experts.{e}.gate_proj.weight``,
     ``up_proj``, ``down_proj``); the loader copies them into these slices.
 
+    Tensor-parallel, every rank holds every expert, each with its block of the hidden layer
+    (``intermediate`` rows of gate and of up, the matching columns of down): the output is
+    then this rank's partial sum, which the sparse block all-reduces.
+
     Attributes:
-        gate_up_proj: ``[num_experts, 2 * moe_intermediate_size, hidden]``, each expert's
+        gate_up_proj: ``[num_experts, 2 * intermediate, hidden]``, each expert's
             ``gate_proj`` rows then its ``up_proj`` rows.
-        down_proj: ``[num_experts, hidden, moe_intermediate_size]``.
+        down_proj: ``[num_experts, hidden, intermediate]``.
     """
 
-    def __init__(self, hidden_size: int, moe: MoeConfig) -> None:
+    def __init__(self, hidden_size: int, moe: MoeConfig, intermediate: int | None = None) -> None:
+        """``intermediate``: rows of each expert's hidden layer held (default: all,
+        ``moe.moe_intermediate_size``)."""
         super().__init__()
         self.num_experts = moe.num_experts
-        self.intermediate = moe.moe_intermediate_size
+        self.intermediate = moe.moe_intermediate_size if intermediate is None else intermediate
         self.gate_up_proj = nn.Parameter(
-            torch.empty(moe.num_experts, 2 * moe.moe_intermediate_size, hidden_size)
+            torch.empty(moe.num_experts, 2 * self.intermediate, hidden_size)
         )
-        self.down_proj = nn.Parameter(
-            torch.empty(moe.num_experts, hidden_size, moe.moe_intermediate_size)
-        )
+        self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden_size, self.intermediate))
 
     def forward(
         self, hidden: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
@@ -80,17 +85,29 @@ class Qwen3MoeExperts(nn.Module):
 class Qwen3MoeSparseBlock(nn.Module):
     """Router (``gate``) and experts; parameter names follow the Hugging Face checkpoint.
 
+    Tensor-parallel, the router is replicated (every rank routes the same, identical hidden
+    states to the same experts) and the experts' partial sums are all-reduced once.
+
     Args:
         hidden_size: residual width.
         moe: the MoE configuration.
+        intermediate: rows of each expert's hidden layer held (default: all).
+        collectives: the rank's group (none: a group of one).
     """
 
-    def __init__(self, hidden_size: int, moe: MoeConfig) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        moe: MoeConfig,
+        intermediate: int | None = None,
+        collectives: Collectives | None = None,
+    ) -> None:
         super().__init__()
         self.top_k = moe.num_experts_per_tok
         self.norm_topk_prob = moe.norm_topk_prob
         self.gate = nn.Linear(hidden_size, moe.num_experts, bias=False)
-        self.experts = Qwen3MoeExperts(hidden_size, moe)
+        self.experts = Qwen3MoeExperts(hidden_size, moe, intermediate)
+        self.collectives: Collectives = collectives or SingleRank()
 
     def route(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(expert ids [T, k], routing weights [T, k] in hidden's dtype)``."""
@@ -105,4 +122,4 @@ class Qwen3MoeSparseBlock(nn.Module):
         """``hidden``: ``[T, hidden_size]``; returns the same shape."""
         experts, weights = self.route(hidden)
         out: torch.Tensor = self.experts(hidden, experts, weights)
-        return out
+        return self.collectives.all_reduce(out)

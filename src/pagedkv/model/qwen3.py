@@ -7,6 +7,11 @@ projections: ``self_attn.qkv_proj`` (stored as ``q_proj``, ``k_proj``, ``v_proj`
 ``mlp.gate_up_proj`` (``gate_proj``, ``up_proj``), which the loader fills part by part
 (:mod:`pagedkv.model.checkpoint_layout`). The model reads nothing but the plan and the step's
 attention: it keeps no per-sequence state between steps.
+
+Built with a :class:`~pagedkv.model.tensor_parallel.ShardLayout` and its collectives, the
+model is one rank's shard of a tensor-parallel group (specs/tensor-parallel.md): the
+embedding and the LM head are split by vocabulary rows, attention by heads, the MLP by its
+hidden layer; every rank runs the same plan and rank 0 receives the logits.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pagedkv.model.layers import Linear, RMSNorm, SwiGLUMLP
 from pagedkv.model.moe import Qwen3MoeSparseBlock
 from pagedkv.model.rope import RotaryEmbedding
 from pagedkv.model.step_attention import StepAttention
+from pagedkv.model.tensor_parallel import Collectives, ShardLayout, SingleRank
 from pagedkv.plan import StepPlan
 
 
@@ -33,13 +39,17 @@ class Qwen3DecoderLayer(nn.Module):
     (:meth:`~pagedkv.model.config.MoeConfig.is_sparse`), the dense SwiGLU MLP elsewhere.
     """
 
-    def __init__(self, config: ModelConfig, layer: int) -> None:
+    def __init__(
+        self, config: ModelConfig, layer: int, layout: ShardLayout, collectives: Collectives
+    ) -> None:
         super().__init__()
-        self.self_attn = Qwen3Attention(config, layer)
+        self.self_attn = Qwen3Attention(config, layer, layout, collectives)
         self.mlp: nn.Module = (
-            Qwen3MoeSparseBlock(config.hidden_size, config.moe)
+            Qwen3MoeSparseBlock(
+                config.hidden_size, config.moe, layout.moe_intermediate, collectives
+            )
             if config.moe is not None and config.moe.is_sparse(layer)
-            else SwiGLUMLP(config.hidden_size, config.intermediate_size)
+            else SwiGLUMLP(config.hidden_size, layout.intermediate, collectives)
         )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -57,14 +67,45 @@ class Qwen3DecoderLayer(nn.Module):
         return out
 
 
+class VocabParallelEmbedding(nn.Module):
+    """The embedding table, or one rank's block of its vocabulary rows.
+
+    A rank looks up the ids it holds and gives zeros for the others; the all-reduce of those
+    rows over the ranks is the whole lookup (exact: every sum has one non-zero term). In a
+    group of one it is ``nn.Embedding``.
+
+    Attributes:
+        weight: ``[layout.vocab_rows, hidden]``; rows past ``vocab_stop - vocab_start`` pad
+            the last rank's block and are never looked up.
+    """
+
+    def __init__(self, hidden_size: int, layout: ShardLayout, collectives: Collectives) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(layout.vocab_rows, hidden_size))
+        self.layout = layout
+        self.collectives = collectives
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids``: ``[T]`` int64 vocabulary ids; returns ``[T, hidden]``."""
+        if self.layout.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.layout.vocab_start
+        held = (local >= 0) & (ids < self.layout.vocab_stop)
+        rows = F.embedding(torch.where(held, local, 0), self.weight)
+        return self.collectives.all_reduce(rows * held[:, None].to(rows.dtype))
+
+
 class Qwen3Model(nn.Module):
     """Embedding, decoder layers and the final norm (the checkpoint's ``model.*`` tensors)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layout: ShardLayout, collectives: Collectives) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.hidden_size, layout, collectives)
         self.layers = nn.ModuleList(
-            [Qwen3DecoderLayer(config, i) for i in range(config.num_hidden_layers)]
+            [
+                Qwen3DecoderLayer(config, i, layout, collectives)
+                for i in range(config.num_hidden_layers)
+            ]
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -77,17 +118,27 @@ class Qwen3ForCausalLM(nn.Module):
 
     Args:
         config: the model configuration.
+        layout: the blocks this rank holds (default: the whole model, a group of one).
+        collectives: the rank's group, called by every rank in the same order (default: a
+            group of one).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        layout: ShardLayout | None = None,
+        collectives: Collectives | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
-        self.model = Qwen3Model(config)
+        self.layout = layout or ShardLayout.of(config)
+        self.collectives: Collectives = collectives or SingleRank()
+        self.model = Qwen3Model(config, self.layout, self.collectives)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         self.lm_head: Linear | None = (
             None
             if config.tie_word_embeddings
-            else Linear(config.hidden_size, config.vocab_size, bias=False)
+            else Linear(config.hidden_size, self.layout.vocab_rows, bias=False)
         )
         #: A repacked copy of the tied embedding table, as the LM head's weight
         #: (:func:`pagedkv.model.packing.pack_linear_weights`); ``None`` otherwise.
@@ -107,7 +158,9 @@ class Qwen3ForCausalLM(nn.Module):
 
         Returns:
             ``[len(plan.logits_indices), vocab_size]`` float32 logits of the rows
-            ``plan.logits_indices`` (by default each sequence's last row).
+            ``plan.logits_indices`` (by default each sequence's last row). On a rank other
+            than rank 0 of a tensor-parallel group, ``[len(plan.logits_indices), 0]``: the
+            logits are gathered on rank 0 only.
         """
         hidden = self.model.embed_tokens(plan.input_ids)
         cos, sin = self.rotary(plan.positions, hidden.dtype)
@@ -116,6 +169,12 @@ class Qwen3ForCausalLM(nn.Module):
         hidden = self.model.norm(hidden.index_select(0, plan.logits_indices))
         head = self.lm_head if self.lm_head is not None else self.packed_head
         if head is not None:
-            logits: torch.Tensor = head(hidden)
-            return logits.to(torch.float32)
-        return F.linear(hidden, self.model.embed_tokens.weight).to(torch.float32)
+            logits: torch.Tensor = head(hidden).to(torch.float32)
+        else:
+            logits = F.linear(hidden, self.model.embed_tokens.weight).to(torch.float32)
+        if self.layout.size == 1:
+            return logits
+        gathered = self.collectives.gather_columns(logits)
+        if gathered is None:
+            return logits[:, :0]
+        return gathered[:, : self.config.vocab_size]

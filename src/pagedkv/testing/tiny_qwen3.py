@@ -215,13 +215,31 @@ FAMILY_PRESETS: dict[str, TinySpec] = {
 }
 
 
+#: Shapes for tensor parallelism (specs/tensor-parallel.md) that the presets above lack.
+TP_PRESETS: dict[str, TinySpec] = {
+    # untied, six query heads and ONE K/V head, biases: at 2 and 3 ranks every rank holds a
+    # replica of the K/V head; a vocabulary (253) that neither 2 nor 3 divides pads the last
+    # rank's block; the MLP width (192) splits over 2 and 3
+    "tp3-kv1": TinySpec(
+        vocab=253,
+        heads=6,
+        kv_heads=1,
+        head_dim=16,
+        intermediate=192,
+        attention_bias=True,
+        seed=41,
+    ),
+}
+
+
 def preset_spec(name: str) -> TinySpec:
-    """The spec of a preset of :data:`PRESETS` or :data:`FAMILY_PRESETS`.
+    """The spec of a preset of :data:`PRESETS`, :data:`FAMILY_PRESETS` or
+    :data:`TP_PRESETS`.
 
     Raises:
         InvalidRequest: no preset has that name.
     """
-    spec = PRESETS.get(name) or FAMILY_PRESETS.get(name)
+    spec = PRESETS.get(name) or FAMILY_PRESETS.get(name) or TP_PRESETS.get(name)
     if spec is None:
         raise InvalidRequest(f"no tiny preset named {name!r}")
     return spec

@@ -86,6 +86,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="do not reuse cached KV pages across requests",
     )
     group.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the model over N ranks: N-1 worker processes on this machine (gloo on "
+        "cpu, NCCL on cuda), or the ranks of a torchrun launch (default 1)",
+    )
+    group.add_argument(
         "--max-step-retries",
         type=int,
         default=2,
@@ -150,4 +158,14 @@ def load_engine(
         dtype=args.dtype,
         device=args.device,
         generation_config=generation_config,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
+
+
+def close_engine(engine: Engine) -> None:
+    """Release what the engine holds beyond memory (a tensor-parallel model's workers,
+    TP-023); engines without a ``close`` hold nothing of the kind."""
+    from pagedkv.interfaces import Closable
+
+    if isinstance(engine, Closable):
+        engine.close()

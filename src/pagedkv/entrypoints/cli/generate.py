@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pagedkv.entrypoints.cli.engine_args import (
     add_engine_flags,
     add_model_flag,
+    close_engine,
     engine_config,
     load_engine,
     resolve_model_dir,
@@ -230,9 +231,22 @@ def run(args: argparse.Namespace) -> int:
     config = engine_config(args)
     model_dir = resolve_model_dir(args.model)
     records = read_prompts(args, sys.stdin)
+    engine = load_engine(model_dir, config, args)
+    try:
+        return _generate(args, engine, records, params)
+    finally:
+        close_engine(engine)
+
+
+def _generate(
+    args: argparse.Namespace,
+    engine: Engine,
+    records: list[PromptRecord],
+    params: SamplingParams,
+) -> int:
+    """Generate for every prompt record, write the outputs; returns the exit status."""
     from pagedkv.engine.llm import run_to_completion
 
-    engine = load_engine(model_dir, config, args)
     prompts = [engine_prompt(engine, r, args.system) for r in records]
     out = sys.stdout
     errors: list[tuple[int, str]] = []

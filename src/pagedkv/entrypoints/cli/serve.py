@@ -11,6 +11,7 @@ from typing import Any
 from pagedkv.entrypoints.cli.engine_args import (
     add_engine_flags,
     add_model_flag,
+    close_engine,
     engine_config,
     load_engine,
     resolve_model_dir,
@@ -211,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         cache_salt_per_api_key=args.cache_salt_per_api_key,
         log_stats_interval_s=args.log_stats_interval or None,
         reasoning_parser=args.reasoning_parser,
+        close_engine=True,
     )
     options = HTTPOptions(
         host=args.host,
@@ -228,9 +230,12 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or DEFAULT_MODEL_NAME
     if args.model is not None:  # a hub id is served under its id, as vLLM does
         name = model_dir.resolve().name if Path(args.model).is_dir() else args.model
-    app = create_app(engine, name, args.max_body_bytes, config=server_config)
-    logging.getLogger("pagedkv.server").info(
-        "listening on http://%s:%d/v1", options.host, options.port
-    )
-    Server(app, options).run()
+    try:
+        app = create_app(engine, name, args.max_body_bytes, config=server_config)
+        logging.getLogger("pagedkv.server").info(
+            "listening on http://%s:%d/v1", options.host, options.port
+        )
+        Server(app, options).run()
+    finally:
+        close_engine(engine)  # a tensor-parallel model's workers leave with the server
     return 0

@@ -25,7 +25,7 @@ from pagedkv.entrypoints.server.routes import ServerState, router
 from pagedkv.entrypoints.server.stats_log import log_throughput, startup_summary
 from pagedkv.entrypoints.server.tokenize import router as tokenize_router
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import Engine
+from pagedkv.interfaces import Closable, Engine
 
 #: Default bound of a request body, bytes.
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -48,6 +48,9 @@ class ServerConfig:
         log_stats_interval_s: seconds between throughput lines in the log; ``None`` for none.
         reasoning_parser: a reasoning parser (``qwen3``) splitting chat replies into
             ``reasoning_content`` and ``content``, or ``None``.
+        close_engine: close the engine when the app shuts down (``pagedkv serve``: a
+            tensor-parallel engine's workers end with the server, TP-023, even when the
+            exit signal then ends the process).
     """
 
     limits: AdmissionLimits = field(default_factory=AdmissionLimits)
@@ -55,6 +58,7 @@ class ServerConfig:
     cache_salt_per_api_key: bool = False
     log_stats_interval_s: float | None = DEFAULT_LOG_STATS_INTERVAL_S
     reasoning_parser: str | None = None
+    close_engine: bool = False
 
     def __post_init__(self) -> None:
         if self.cache_salt_per_api_key and not self.api_keys:
@@ -130,6 +134,8 @@ def create_app(
                     await reporter
             in_flight = bridge.stats()
             bridge.shutdown()
+            if config.close_engine and isinstance(engine, Closable):
+                engine.close()
             stats = bridge.stats()
             log = logger.info if stats.pages_in_use == 0 else logger.error
             log(

@@ -13,7 +13,9 @@ added (where the engine's count of waiting requests is exact), and deadlines bet
 Failures stay with the request they belong to (SRV-023, SRV-024): a request the engine finishes
 with reason ``error``, or whose output the server fails to serve, fails alone, and the rest of
 its submission is aborted; a step that raises is tried again, and only a run of them ends what
-is in flight.
+is in flight. An engine whose runner can run nothing more (``RunnerFailed``: a tensor-parallel
+worker died, TP-022) ends what is in flight at once and stops the thread: later submissions and
+``/health`` are answered 503.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pagedkv.engine.outputs import EngineStats, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Message
 from pagedkv.entrypoints.server.admission import AdmissionLimits, DeadlineExceeded, Deadlines
-from pagedkv.errors import InvalidRequest, PagedKVError
+from pagedkv.errors import InvalidRequest, PagedKVError, RunnerFailed
 from pagedkv.interfaces import Engine
 
 T = TypeVar("T")
@@ -55,8 +57,8 @@ class EngineUnavailable(PagedKVError):
 
 
 class EngineFailure(PagedKVError):
-    """:data:`MAX_STEP_ERRORS` steps in a row raised; every request in flight at that moment
-    was ended with this error."""
+    """:data:`MAX_STEP_ERRORS` steps in a row raised, or the engine ended (its runner can run
+    nothing more, TP-022); every request in flight at that moment was ended with this error."""
 
 
 class RequestFailed(PagedKVError):
@@ -381,7 +383,8 @@ class AsyncEngine:
             self._stats = self._engine.stats()
             if self._engine.has_unfinished_requests():
                 steps = self._stats.steps
-                self._step()
+                if not self._step():
+                    return
                 if self._stats.steps == steps:  # nothing could be scheduled: do not spin
                     idle_timeout = IDLE_POLL_S
 
@@ -497,17 +500,27 @@ class AsyncEngine:
             if output is not None:
                 self._observe(output)
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """Run one step and route its outputs; ``False`` when the engine has ended."""
         try:
             outputs = self._engine.step()
+        except RunnerFailed as exc:  # nothing can run any more: end everything, stop
+            logger.error("the engine ended: %s", exc)
+            self._admitting.clear()
+            self._end_all(EngineFailure(f"the engine ended: {exc}"))
+            self._fail_pending()
+            with contextlib.suppress(Exception):
+                self._stats = self._engine.stats()
+            return False
         except Exception as exc:  # an engine that does not isolate its failures, or a bug
             self._step_raised(exc)
-            return
+            return True
         self._step_errors = 0
         self._stats = self._engine.stats()  # published before any output reaches a handler
         for output in outputs:
             self._observe(output)
             self._route(output)
+        return True
 
     def _route(self, output: RequestOutput) -> None:
         """Hand ``output`` to its handler; a failed request, or one whose output cannot be
