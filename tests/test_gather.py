@@ -17,7 +17,8 @@ def test_gather_rows_is_index_select_bit_for_bit(dtype: torch.dtype) -> None:
     index = torch.tensor([7, 3, 3, 0, 63, 5])
     got = gather_rows(pool, index)
     want = pool.index_select(0, index)
-    assert got.dtype == dtype and got.shape == want.shape
+    assert got.dtype == dtype
+    assert got.shape == want.shape
     width = {1: torch.int8, 2: torch.int16, 4: torch.int32}[pool.element_size()]
     assert torch.equal(got.view(width), want.view(width))
 
