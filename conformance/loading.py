@@ -16,6 +16,8 @@ from typing import Protocol
 
 from pagedkv.interfaces import CAPABILITIES, Backend, KVManager, KVManagerConfig
 
+from .variants import VariantError, declared_variants
+
 #: The backend tested when neither ``--backend`` nor ``$PAGEDKV_BACKEND`` names one.
 DEFAULT_BACKEND = "pagedkv.backend:reference_backend"
 #: Environment variable naming the backend when ``--backend`` is not given.
@@ -103,6 +105,10 @@ def validate_backend(candidate: object, spec: str) -> Backend:
         )
     if not callable(candidate.create_kv_manager):
         raise BackendLoadError(f"backend {spec!r}: 'create_kv_manager' is not callable")
+    try:
+        declared_variants(candidate)
+    except VariantError as exc:
+        raise BackendLoadError(f"backend {spec!r}: {exc}") from exc
     return candidate
 
 

@@ -14,8 +14,8 @@ What it provides:
   the backend does not declare is skipped, the reason naming the capability;
 * the Hypothesis profiles ``ci`` and ``dev``, chosen by ``$PAGEDKV_HYPOTHESIS_PROFILE``;
 * ``--device`` (else ``$PAGEDKV_DEVICE``, else ``cpu``) for the model tests;
-* the fixtures ``backend``, ``backend_capabilities``, ``make_kv_manager``, ``model_device``
-  and ``golden_checkpoints``.
+* the fixtures ``backend``, ``backend_capabilities``, ``backend_variants``,
+  ``make_kv_manager``, ``model_device`` and ``golden_checkpoints``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from .loading import (
     MakeKVManager,
     load_backend,
 )
+from .variants import declared_variants
 
 #: Environment variable choosing the Hypothesis profile; see :func:`register_hypothesis_profiles`.
 PROFILE_ENV = "PAGEDKV_HYPOTHESIS_PROFILE"
@@ -45,7 +46,9 @@ PROFILE_ENV = "PAGEDKV_HYPOTHESIS_PROFILE"
 XFAIL_ENV = "PAGEDKV_XFAIL"
 DEFAULT_PROFILE = "ci"
 #: Fixtures whose use makes the plugin load the backend at collection time.
-BACKEND_FIXTURES = frozenset({"backend", "backend_capabilities", "make_kv_manager"})
+BACKEND_FIXTURES = frozenset(
+    {"backend", "backend_capabilities", "backend_variants", "make_kv_manager"}
+)
 
 if TYPE_CHECKING:
     from .golden_harness import GoldenCheckpoints
@@ -61,7 +64,8 @@ def _register_assert_rewrite() -> None:
     names = [
         f"{package}.{path.stem}"
         for path in sorted(_SUITE_DIR.glob("*.py"))
-        if path.stem not in {"__init__", "plugin", "loading"} and not path.stem.startswith("test_")
+        if path.stem not in {"__init__", "plugin", "loading", "variants"}
+        and not path.stem.startswith("test_")
         for package in sorted(packages)
     ]
     pytest.register_assert_rewrite(*names)
@@ -75,6 +79,8 @@ def register_hypothesis_profiles() -> None:
 
     * ``ci``: bounded and derandomized, so a run is reproducible and the whole conformance
       suite stays well under a minute on a small machine;
+    * ``mutation``: like ``ci`` with fewer examples, for ``make mutation``, which runs the
+      tests once per mutant;
     * ``dev``: ten times the examples and longer state-machine runs, randomized, with the
       example database, for hunting bugs locally.
     """
@@ -88,6 +94,15 @@ def register_hypothesis_profiles() -> None:
         derandomize=True,
         database=None,
         print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    settings.register_profile(
+        "mutation",
+        max_examples=30,
+        stateful_step_count=30,
+        deadline=None,
+        derandomize=True,
+        database=None,
         suppress_health_check=[HealthCheck.too_slow],
     )
     settings.register_profile(
@@ -237,9 +252,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if state.backend is None:
         return [f"pagedkv backend: {state.spec} ({state.source}; loaded when a test needs it)"]
     capabilities = ", ".join(sorted(state.backend.capabilities)) or "none"
+    variants = ", ".join(f"{k}={v}" for k, v in sorted(declared_variants(state.backend).items()))
     lines = [
         f"pagedkv backend: {state.backend.name} = {state.spec} ({state.source})",
         f"pagedkv capabilities: {capabilities}",
+        f"pagedkv variants: {variants}",
     ]
     if state.xfail_file is not None:
         lines.append(f"pagedkv expected failures: {len(state.xfail_ids)} in {state.xfail_file}")
@@ -298,6 +315,13 @@ def backend_capabilities(backend: Backend) -> frozenset[str]:
     backend of your own.
     """
     return frozenset(backend.capabilities)
+
+
+@pytest.fixture
+def backend_variants(backend: Backend) -> dict[str, str]:
+    """The backend's choice for every named variant (``pagedkv_conformance.variants``): what
+    it declares in ``variants``, else the defaults. The oracles follow it."""
+    return declared_variants(backend)
 
 
 @pytest.fixture

@@ -34,6 +34,13 @@ class ReferenceBackend:
         {"prefix_caching", "eviction", "reset", "paged_store", "model", "engine", "cuda"}
     )
 
+    @property
+    def variants(self) -> dict[str, str]:
+        """Choices where the spec leaves room (KVM-050), read by the conformance suite: an
+        entry orphaned by its parent's eviction blocks its key in the chained-hash index and
+        is detached in the radix tree."""
+        return {"orphans": "detach" if self.prefix_index == "radix" else "block"}
+
     def create_kv_manager(self, config: KVManagerConfig) -> KVManager:
         if self.prefix_index == "radix":
             index = RadixPrefixIndex(config.num_pages, config.page_size)
