@@ -298,6 +298,8 @@ class KVManagerSuite:
         "call",
         [
             pytest.param(lambda kv: kv.allocate(2, [], 1), id="empty-prompt"),
+            pytest.param(lambda kv: kv.cached_prefix_length([]), id="empty-lookup"),
+            pytest.param(lambda kv: kv.cached_prefix_length([], "s"), id="empty-salted-lookup"),
             pytest.param(lambda kv: kv.allocate(2, [1, 2], 0), id="zero-new-tokens"),
             pytest.param(lambda kv: kv.allocate(2, [1, 2], -3), id="negative-new-tokens"),
             pytest.param(lambda kv: kv.grow(1, 2), id="grow-below-reservation"),
@@ -309,8 +311,9 @@ class KVManagerSuite:
     def test_out_of_range_arguments_raise_invalid_request(
         self, make_kv_manager: MakeKVManager, call: Callable[[KVManager], object]
     ) -> None:
-        """Empty prompts, num_new_tokens < 1, a grow below the reservation, a commit past it
-        and a negative page id raise InvalidRequest (and nothing moves)."""
+        """Empty prompts (to allocate or to the read-only cached_prefix_length),
+        num_new_tokens < 1, a grow below the reservation, a commit past it and a negative page
+        id raise InvalidRequest (and nothing moves)."""
         kv = make_kv_manager(8, 4)
         kv.allocate(1, [1, 2, 3, 4, 5], 5)
         before = snapshot(kv, [1], [((1, 2, 3, 4, 5), None)])
@@ -845,6 +848,28 @@ class KVManagerSuite:
         )
         assert kv.stats().pages_indexed == 6
         assert_ref_counts_match_holders(kv, [1, 2, 3, 4, 5])
+        kv.check_invariants()
+
+    @pytest.mark.spec("KVM-028")
+    @CACHING
+    def test_equal_salts_built_at_run_time_share(self, make_kv_manager: MakeKVManager) -> None:
+        """Salts are compared as strings, not as objects: a salt equal to the publisher's but
+        built at run time (a different object, as one parsed from a request would be) hits
+        its pages, and an unequal one does not."""
+        kv = make_kv_manager(32, 2)
+        prompt = tokens(1, 5)
+        published = "".join(["tenant", "-", "a"])
+        run_prompt(kv, 1, prompt, published)
+        equal = "".join(list("tenant-a"))
+        assert equal == published
+        assert equal is not published
+        assert kv.cached_prefix_length(prompt, equal) == 4
+        hit = kv.allocate(2, prompt, 1, equal)
+        assert hit.num_cached_tokens == 4
+        assert hit.page_table.pages[:2] == kv.page_table(1).pages[:2]
+        kv.commit(2, prompt)  # nothing new: the pages are the publisher's
+        assert kv.stats().pages_indexed == 2
+        assert kv.cached_prefix_length(prompt, "".join(["tenant", "-", "b"])) == 0
         kv.check_invariants()
 
     @pytest.mark.spec("KVM-029")
