@@ -1,9 +1,13 @@
 """A model stand-in whose next token is a hash of the whole context, read through the plan.
 
-It stores token ids (instead of K/V) at the plan's slots and reads each sequence's context back
-through its page table, exactly as attention reads K/V. So any mistake in slots, page tables,
-positions, prefix reuse or preemption changes its output, and engine tests run in milliseconds
-instead of running a transformer.
+It stores token ids and the plan's positions (instead of K/V) at the plan's slots and reads each
+sequence's context back through its page table, exactly as attention reads K/V. So any mistake in
+slots, page tables, positions, prefix reuse or preemption changes its output, and engine tests
+run in milliseconds instead of running a transformer.
+
+What it cannot see: attention itself (it never calls a PagedStore, so causal masking and the
+K/V arithmetic are certified only by tests on a real model, ``conformance/suite_engine_model.py``)
+and any row but each sequence's last.
 """
 
 from __future__ import annotations
@@ -18,11 +22,16 @@ from pagedkv.plan import StepPlan
 _MODULUS = (1 << 61) - 1
 
 
-def next_token(context: list[int], vocab_size: int) -> int:
-    """The token that follows ``context``: a polynomial hash of every token and its position."""
+def next_token(context: list[int], vocab_size: int, positions: list[int] | None = None) -> int:
+    """The token that follows ``context``: a polynomial hash of every token and its position.
+
+    ``positions`` are the positions the plan gave each token (default ``0..len-1``); a token
+    given any other position than its index changes the hash.
+    """
     h = 0
-    for token in context:
-        h = (h * 1_000_003 + token + 1) % _MODULUS
+    for index, token in enumerate(context):
+        shift = 0 if positions is None else (positions[index] - index) * 7_919
+        h = (h * 1_000_003 + token + 1 + shift) % _MODULUS
     return h % vocab_size
 
 
@@ -39,6 +48,7 @@ class HashRunner:
         self._vocab = vocab_size
         self.page_size = page_size
         self.slots = torch.zeros(num_pages * page_size, dtype=torch.int64)
+        self.positions = torch.zeros(num_pages * page_size, dtype=torch.int64)
         self.written = torch.zeros(num_pages * page_size, dtype=torch.bool)
         #: Per step, the number of positions each scheduled sequence fed to the model.
         self.steps: list[list[int]] = []
@@ -67,11 +77,13 @@ class HashRunner:
         self.steps.append([b - a for a, b in itertools.pairwise(starts)])
         if plan.slot_mapping is not None:
             self.slots[plan.slot_mapping] = plan.input_ids
+            self.positions[plan.slot_mapping] = plan.positions
             self.written[plan.slot_mapping] = True
         rows = []
         for b, context_len in enumerate(batch.context_lens.tolist()):
             if batch.page_tables is None:
                 context = plan.input_ids[starts[b] : starts[b + 1]]
+                fed = plan.positions[starts[b] : starts[b + 1]]
             else:
                 pages = batch.page_tables[b]
                 positions = torch.arange(context_len)
@@ -80,7 +92,8 @@ class HashRunner:
                 if not bool(self.written[slot].all()):
                     raise InvalidRequest(f"sequence {b} reads a slot nothing was written to")
                 context = self.slots[slot]
-            rows.append(next_token(context.tolist(), self._vocab))
+                fed = self.positions[slot]
+            rows.append(next_token(context.tolist(), self._vocab, fed.tolist()))
         target = torch.tensor(rows).unsqueeze(1)
         distance = (torch.arange(self._vocab).unsqueeze(0) - target) % self._vocab
         return -0.5 * distance.to(torch.float32)
