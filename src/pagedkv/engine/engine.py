@@ -233,7 +233,8 @@ class LLMEngine:
             new_text, stopped = text.update(request.output_token_ids, final=reason is not None)
             if stopped and reason is None:
                 reason = FinishReason.STOP
-                new_text, _ = text.update(request.output_token_ids, final=True)
+                rest, _ = text.update(request.output_token_ids, final=True)
+                new_text += rest
             request.text = text.text
         if reason is not None:
             self._finish(request, reason)

@@ -70,13 +70,20 @@ class IncrementalText:
     """Text of a growing token list, with stop strings cut (ENG-043).
 
     Decoding the whole output each time keeps multi-byte characters right; text is released
-    only up to a complete character, so a stream never shows half of one.
+    only up to a complete character, so a stream never shows half of one. Until the request
+    ends, the last ``len(longest stop string) - 1`` characters are held back, as they could
+    still begin a stop string: what has been released is never taken back, so a stream of
+    ``new_text`` always adds up to the final text.
+
+    Attributes:
+        text: the text released so far (the concatenation of every ``new_text``).
     """
 
     def __init__(self, tokenizer: Tokenizer, stop: Sequence[str]) -> None:
         self._tokenizer = tokenizer
         self._stop = tuple(stop)
         self._longest_stop = max((len(s) for s in stop), default=0)
+        self._decoded = ""  # everything decoded so far, cut at a stop string
         self.text = ""
 
     def update(self, output_ids: Sequence[int], final: bool) -> tuple[str, bool]:
@@ -86,11 +93,14 @@ class IncrementalText:
             return "", False  # an incomplete character: wait for the next token
         stopped = False
         if self._stop:
-            search_from = max(0, len(self.text) - self._longest_stop + 1)
+            search_from = max(0, len(self._decoded) - self._longest_stop + 1)
             hits = [i for i in (full.find(s, search_from) for s in self._stop) if i >= 0]
             if hits:
                 full = full[: min(hits)]
                 stopped = True
-        new = full[len(self.text) :] if full.startswith(self.text) else full
-        self.text = full
+        self._decoded = full
+        held = 0 if final or stopped else max(0, self._longest_stop - 1)
+        released = full[: max(len(self.text), len(full) - held)]
+        new = released[len(self.text) :] if released.startswith(self.text) else released
+        self.text = released
         return new, stopped
