@@ -15,7 +15,7 @@ What it provides:
 * the Hypothesis profiles ``ci`` and ``dev``, chosen by ``$PAGEDKV_HYPOTHESIS_PROFILE``;
 * ``--device`` (else ``$PAGEDKV_DEVICE``, else ``cpu``) for the model tests;
 * the fixtures ``backend``, ``backend_capabilities``, ``backend_variants``,
-  ``make_kv_manager``, ``model_device`` and ``golden_checkpoints``.
+  ``make_kv_manager``, ``make_paged_store``, ``model_device`` and ``golden_checkpoints``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ from .loading import (
     DEFAULT_BACKEND,
     BackendKVManagerFactory,
     BackendLoadError,
+    BackendPagedStoreFactory,
     MakeKVManager,
+    MakePagedStore,
     load_backend,
 )
 from .variants import declared_variants
@@ -47,7 +49,7 @@ XFAIL_ENV = "PAGEDKV_XFAIL"
 DEFAULT_PROFILE = "ci"
 #: Fixtures whose use makes the plugin load the backend at collection time.
 BACKEND_FIXTURES = frozenset(
-    {"backend", "backend_capabilities", "backend_variants", "make_kv_manager"}
+    {"backend", "backend_capabilities", "backend_variants", "make_kv_manager", "make_paged_store"}
 )
 
 if TYPE_CHECKING:
@@ -79,12 +81,12 @@ def register_hypothesis_profiles() -> None:
 
     * ``ci``: bounded and derandomized, so a run is reproducible and the whole conformance
       suite stays well under a minute on a small machine;
-    * ``mutation``: like ``ci`` with fewer examples, for ``make mutation``, which runs the
-      tests once per mutant;
+    * ``mutation``: like ``ci`` with fewer examples and no shrinking, for ``make mutation``,
+      which runs the tests once per mutant and needs a failure, not its smallest example;
     * ``dev``: ten times the examples and longer state-machine runs, randomized, with the
       example database, for hunting bugs locally.
     """
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 
     settings.register_profile(
         "ci",
@@ -103,6 +105,7 @@ def register_hypothesis_profiles() -> None:
         deadline=None,
         derandomize=True,
         database=None,
+        phases=[Phase.explicit, Phase.generate],  # a failure is enough: no shrinking
         suppress_health_check=[HealthCheck.too_slow],
     )
     settings.register_profile(
@@ -329,6 +332,13 @@ def make_kv_manager(backend: Backend) -> MakeKVManager:
     """``make_kv_manager(num_pages, page_size, enable_prefix_caching=True)``: a fresh
     KVManager of the backend under test."""
     return BackendKVManagerFactory(backend)
+
+
+@pytest.fixture
+def make_paged_store(backend: Backend) -> MakePagedStore:
+    """``make_paged_store(**StoreConfig fields)``: a fresh PagedStore of the backend under
+    test (``create_paged_store``), checked to satisfy the Protocol."""
+    return BackendPagedStoreFactory(backend)
 
 
 @pytest.fixture(scope="session")
