@@ -6,15 +6,18 @@ or run the whole suite with ``--backend module:factory``.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
+from collections import Counter
 
 import pytest
 
-from pagedkv.engine.outputs import FinishReason
+from pagedkv.engine.outputs import FinishReason, RequestOutput
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import Backend
-from pagedkv.testing.hash_runner import next_token
+from pagedkv.testing.hash_runner import hash_logits, next_token
 
 from .engine_harness import (
     VOCAB,
@@ -23,6 +26,10 @@ from .engine_harness import (
     prompts_with_shared_prefix,
     solo_greedy,
 )
+from .sampling_reference import filtered_distribution
+
+#: Tokens each request of the sampling test draws (four requests).
+SAMPLES = 80
 
 
 @pytest.mark.requires("engine")
@@ -227,6 +234,39 @@ class EngineSuite:
             order.extend(o.request_id for o in eut.engine.step() if o.finished)
         assert order == ids
 
+    @pytest.mark.spec("ENG-030", "ENG-032")
+    def test_a_preempted_request_keeps_its_place_in_line(self, backend: Backend) -> None:
+        """A and B run, C arrives and waits for a seat; B is then preempted. B arrived before
+        C, so B resumes before C starts, although C alone would fit first."""
+        eut = build_engine(backend, page_size=4, num_pages=8, max_num_seqs=2)
+        engine = eut.engine
+        prompts = [list(range(12)), list(range(20, 28)), [50, 51, 52]]
+        a = engine.add_request(prompts[0], greedy(max_tokens=12))
+        b = engine.add_request(prompts[1], greedy(max_tokens=12))
+        engine.step()
+        c = engine.add_request(prompts[2], greedy(max_tokens=2))
+        steps: dict[str, list[int]] = {a: [], b: [], c: []}
+        final: dict[str, RequestOutput] = {}
+        preempted_at: int | None = None
+        for step in itertools.count(1):
+            if not engine.has_unfinished_requests():
+                break
+            assert step < 1000, "the engine never finished"
+            for output in engine.step():
+                steps[output.request_id].append(step)
+                if output.finished:
+                    final[output.request_id] = output
+            if preempted_at is None and engine.stats().preemptions:
+                preempted_at = step
+        assert preempted_at is not None, "nothing was preempted: the case proves nothing"
+        assert final[b].metrics.preemptions == 1
+        resumed = min(s for s in steps[b] if s > preempted_at)
+        assert resumed <= min(steps[c]), (
+            f"C (arrived after B) started at step {min(steps[c])}, before B resumed at {resumed}"
+        )
+        for rid, prompt, n in zip((a, b, c), prompts, (12, 12, 2), strict=True):
+            assert list(final[rid].token_ids) == solo_greedy(prompt, n)
+
     @pytest.mark.spec("ENG-031")
     def test_chunked_prefill(self, backend: Backend) -> None:
         eut = build_engine(backend, max_num_batched_tokens=5)
@@ -263,29 +303,42 @@ class EngineSuite:
 
     @pytest.mark.spec("ENG-040")
     @pytest.mark.parametrize(
-        ("params", "allowed"),
+        "params",
         [
-            (SamplingParams(max_tokens=30, temperature=1.0, top_k=3, seed=1), 3),
-            (SamplingParams(max_tokens=30, temperature=2.0, top_p=0.6, seed=2), 4),
-            (SamplingParams(max_tokens=30, temperature=1.0, min_p=0.5, seed=3), 2),
-            (SamplingParams(max_tokens=30, temperature=1.0, top_k=1, seed=4), 1),
+            SamplingParams(max_tokens=SAMPLES, temperature=1.0, top_k=3),
+            SamplingParams(max_tokens=SAMPLES, temperature=2.0, top_p=0.6),
+            SamplingParams(max_tokens=SAMPLES, temperature=1.0, min_p=0.5),
+            SamplingParams(max_tokens=SAMPLES, temperature=1.0, top_k=1),
+            SamplingParams(max_tokens=SAMPLES, temperature=0.7),
         ],
+        ids=["top_k=3", "top_p=0.6", "min_p=0.5", "top_k=1", "no-filter"],
     )
-    def test_sampling_filters(self, backend: Backend, params: SamplingParams, allowed: int) -> None:
-        """The hash model's logits fall by 0.5 per step of distance from the next token, so
-        top-k=3 keeps distances 0-2, min-p=0.5 keeps 0-1 (e^-0.5 > 0.5 > e^-1), and top-p=0.6
-        at temperature 2 keeps 0-3 (the mass before distance 3 is 0.53, before 4 it is 0.63)."""
+    def test_sampling_draws_exactly_what_the_filters_keep(
+        self, backend: Backend, params: SamplingParams
+    ) -> None:
+        """The hash model's logits fall by 0.5 per step of distance from its next token, so
+        every step draws from the same distribution over distances. Checked against the
+        filters written from their definitions (``sampling_reference``): never a token they
+        drop (a filter keeping too many fails), every token they keep with probability 3 % or
+        more drawn at least once (a filter keeping too few fails), and the frequencies within
+        0.1 of theirs in total variation."""
+        want = filtered_distribution(hash_logits(0, VOCAB).tolist(), params)
         eut = build_engine(backend)
-        prompt = [3, 1, 4, 1, 5]
-        (out,) = eut.run([prompt], params)
-        context = list(prompt)
-        distances = []
-        for token in out.token_ids:
-            distances.append((token - next_token(context, VOCAB)) % VOCAB)
-            context.append(token)
-        assert max(distances) < allowed, distances
-        if allowed > 1:
-            assert len(set(distances)) > 1, "sampling never left the argmax"
+        prompts = [[3, 1, 4, 1, 5], [2, 7], [9, 9, 9, 9], [6]]
+        per_request = [dataclasses.replace(params, seed=seed) for seed in range(len(prompts))]
+        counts = Counter[int]()
+        for prompt, out in zip(prompts, eut.run(prompts, per_request), strict=True):
+            context = list(prompt)
+            for token in out.token_ids:
+                counts[(token - next_token(context, VOCAB)) % VOCAB] += 1
+                context.append(token)
+        total = sum(counts.values())
+        dropped = sorted(d for d in counts if want[d] == 0.0)
+        assert not dropped, f"drew distances {dropped}, which the filters drop"
+        missing = [d for d, p in enumerate(want) if p >= 0.03 and counts[d] == 0]
+        assert not missing, f"never drew distances {missing}, which the filters keep"
+        variation = sum(abs(counts[d] / total - p) for d, p in enumerate(want)) / 2
+        assert variation < 0.1, (variation, sorted(counts.items()))
 
     @pytest.mark.spec("ENG-041")
     def test_seeded_sampling_ignores_batch_composition(self, backend: Backend) -> None:

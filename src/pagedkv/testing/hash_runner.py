@@ -35,6 +35,13 @@ def next_token(context: list[int], vocab_size: int, positions: list[int] | None 
     return h % vocab_size
 
 
+def hash_logits(target: int, vocab_size: int) -> torch.Tensor:
+    """``[vocab]`` float32 logits peaking at ``target`` and falling by 0.5 per step of distance
+    (mod vocab): what the runner returns for a context whose next token is ``target``."""
+    distance = (torch.arange(vocab_size) - target) % vocab_size
+    return -0.5 * distance.to(torch.float32)
+
+
 class HashRunner:
     """A :class:`~pagedkv.engine.engine.StepRunner` with one "layer" that stores token ids.
 
@@ -94,6 +101,4 @@ class HashRunner:
                 context = self.slots[slot]
                 fed = self.positions[slot]
             rows.append(next_token(context.tolist(), self._vocab, fed.tolist()))
-        target = torch.tensor(rows).unsqueeze(1)
-        distance = (torch.arange(self._vocab).unsqueeze(0) - target) % self._vocab
-        return -0.5 * distance.to(torch.float32)
+        return torch.stack([hash_logits(row, self._vocab) for row in rows])
