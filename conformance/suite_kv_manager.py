@@ -306,6 +306,7 @@ class KVManagerSuite:
             pytest.param(lambda kv: kv.grow(1, 0), id="grow-to-zero"),
             pytest.param(lambda kv: kv.commit(1, [1, 2, 3, 4, 5, 6]), id="commit-past"),
             pytest.param(lambda kv: kv.ref_count(-1), id="negative-page"),
+            pytest.param(lambda kv: kv.ref_count(kv.num_pages), id="page-past-the-pool"),
         ],
     )
     def test_out_of_range_arguments_raise_invalid_request(
@@ -322,6 +323,28 @@ class KVManagerSuite:
         assert snapshot(kv, [1], [((1, 2, 3, 4, 5), None)]) == before
 
     # -- KVM-005 / KVM-006: page tables ------------------------------------------------------
+
+    @pytest.mark.spec("KVM-005", "KVM-010", "KVM-023")
+    @CACHING
+    def test_a_pool_of_one_page_works(self, make_kv_manager: MakeKVManager) -> None:
+        """The smallest pool: one sequence at a time; its published page stays cached, cannot
+        be evicted for an allocation hitting it (which needs a second page), and is evicted
+        for another prompt."""
+        kv = make_kv_manager(1, 2)
+        first = kv.allocate(1, [5, 6], 2).page_table.pages
+        assert len(first) == 1
+        with pytest.raises(OutOfPages):
+            kv.allocate(2, [1], 1)
+        kv.commit(1, [5, 6])
+        kv.free(1)
+        assert kv.stats().pages_cached == 1
+        assert kv.cached_prefix_length([5, 6, 7]) == 2
+        with pytest.raises(OutOfPages):
+            kv.allocate(3, [5, 6, 7], 1)  # the hit page plus one more
+        other = kv.allocate(4, [8], 1)
+        assert other.page_table.pages == first
+        assert kv.stats().evictions == 1
+        kv.check_invariants()
 
     @pytest.mark.spec("KVM-005")
     @pytest.mark.parametrize("page_size", [1, 3, 4])

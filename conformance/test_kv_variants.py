@@ -76,7 +76,7 @@ def orphan_example(calls: _Calls) -> OrphanOutcome:
 
 
 @dataclass
-class _OnBackend:
+class OnBackend:
     kv: KVManager
 
     def allocate(self, seq_id: int, token_ids: list[int], num_new_tokens: int) -> object:
@@ -96,7 +96,7 @@ class _OnBackend:
 
 
 @dataclass
-class _OnOracle:
+class OnOracle:
     oracle: KVOracle
 
     def allocate(self, seq_id: int, token_ids: list[int], num_new_tokens: int) -> object:
@@ -128,9 +128,9 @@ class KVVariantSuite:
         choice = backend_variants[ORPHANS.name]
         want = EXPECTED[choice]
         oracle = KVOracle(NUM_PAGES, 1, enable_prefix_caching=True, orphans=choice)
-        assert orphan_example(_OnOracle(oracle)) == want, "the oracle does not follow the variant"
+        assert orphan_example(OnOracle(oracle)) == want, "the oracle does not follow the variant"
         kv = make_kv_manager(NUM_PAGES, 1)
-        got = orphan_example(_OnBackend(kv))
+        got = orphan_example(OnBackend(kv))
         others = [c for c, outcome in EXPECTED.items() if outcome == got]
         assert got == want, (
             f"declared orphans={choice!r} ({ORPHANS.choices[choice]}), but the backend behaves "

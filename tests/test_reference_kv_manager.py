@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import pytest
 
-from pagedkv.errors import InvariantViolation
+import pagedkv.kv.manager as manager_module
+from pagedkv.errors import DoubleFree, InvariantViolation, UnknownSequence
 from pagedkv.interfaces import KVManagerConfig
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.kv.prefix_index import HashFn, PrefixEntry
@@ -174,3 +175,20 @@ def test_reference_kv_manager_never_imports_torch() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", f"torch modules imported: {result.stdout}"
+
+
+@pytest.mark.spec("KVM-013")
+def test_freed_ids_are_remembered_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference remembers the most recently freed ids (to tell a double free from an
+    unknown id) up to a bound, forgetting the oldest first."""
+    monkeypatch.setattr(manager_module, "FREED_IDS_REMEMBERED", 3)
+    kv = ReferenceKVManager(KVManagerConfig(8, 2))
+    for seq_id in range(4):
+        kv.allocate(seq_id, [seq_id], 1)
+        kv.free(seq_id)
+    for remembered in (3, 2, 1):
+        with pytest.raises(DoubleFree):
+            kv.free(remembered)
+    with pytest.raises(UnknownSequence) as forgotten:
+        kv.free(0)
+    assert not isinstance(forgotten.value, DoubleFree)
