@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,6 +15,7 @@ from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.interfaces import Backend, Engine, EngineBackend, ModelBackend, StepRunner
 from pagedkv.plan import StepPlan
+from pagedkv.testing.delegating_runner import DelegatingRunner
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,25 +33,13 @@ class ChunkSeen:
         return self.num_rows > 1 and self.context_len > self.num_rows
 
 
-@dataclass
-class PlanRecorder:
+class PlanRecorder(DelegatingRunner):
     """A StepRunner that records what each plan asked of the model, then runs it."""
 
-    inner: StepRunner
-    page_size: int
-    steps: list[list[ChunkSeen]] = field(default_factory=list)
-
-    @property
-    def device(self) -> torch.device:
-        return self.inner.device
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
-
-    @property
-    def max_positions(self) -> int | None:
-        return self.inner.max_positions
+    def __init__(self, inner: StepRunner, page_size: int) -> None:
+        super().__init__(inner)
+        self.page_size = page_size
+        self.steps: list[list[ChunkSeen]] = []
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         batch = plan.attention

@@ -21,9 +21,7 @@ from pagedkv.interfaces import AttentionBatch, KVManagerConfig, PagedStore, Stor
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.kv.paged_store import TorchPagedStore, bytes_per_page, pages_for_budget
 from pagedkv.testing.tiny_qwen3 import one_torch_thread
-
-#: Max abs difference allowed between float32 paged attention and the float64 reference.
-ATOL = 1e-5
+from pagedkv_conformance.store_harness import ATOL, dense_reference
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -31,28 +29,6 @@ def _one_torch_thread() -> Iterator[None]:
     """Tiny tensors: one intra-op thread is faster, and much faster on a loaded machine."""
     with one_torch_thread():
         yield
-
-
-def dense_reference(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Causal attention of ``query`` ``[q, H, D]`` as the last q of ``key``'s ``n`` positions.
-
-    ``key`` and ``value`` are ``[n, KV, D]``.
-
-    Float64, explicit mask, explicit GQA head repetition: independent of the store's code path.
-    """
-    q_len, heads, _ = query.shape
-    ctx = key.shape[0]
-    groups = heads // key.shape[1]
-    q = query.double().transpose(0, 1)
-    k = key.double().repeat_interleave(groups, dim=1).transpose(0, 1)
-    v = value.double().repeat_interleave(groups, dim=1).transpose(0, 1)
-    scores = q @ k.transpose(1, 2) * scale  # [H, q, n]
-    rows = torch.arange(q_len)[:, None] + (ctx - q_len)
-    allowed = torch.arange(ctx)[None, :] <= rows
-    scores = scores.masked_fill(~allowed, -math.inf)
-    return (scores.softmax(-1) @ v).transpose(0, 1)
 
 
 def make_store(
