@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -109,24 +110,33 @@ class PagedStoreSuite:
             store.read(0, torch.tensor([-1]))
         with pytest.raises(InvalidRequest):
             store.read(-1, torch.tensor([0]))
-        query = torch.zeros(3, 4, 8)
-        no_pages = AttentionBatch(torch.tensor([0, 3]), torch.tensor([3]), None)
-        bad_batches = [
-            no_pages,
-            make_batch([(0,)], [3], [5]),  # context past the page table
-            make_batch([(7,)], [3], [3]),  # a page outside the pool
-            make_batch([(0,)], [3], [2]),  # more rows than context
-            make_batch([(0,), (1,)], [2, 1], [2, 1]),  # offsets for 3 rows, not 3 + ...
-        ]
-        for batch in bad_batches[:4]:
-            with pytest.raises(InvalidRequest):
-                attend(store, 0, query, batch, 1.0)
-        with pytest.raises(InvalidRequest):
-            attend(store, 0, torch.zeros(4, 4, 8), bad_batches[4], 1.0)  # 4 rows, batch has 3
-        with pytest.raises(InvalidRequest):
+        query = torch.zeros(3, 4, 8)  # three rows, four heads
+        with pytest.raises(InvalidRequest):  # three heads: not a multiple of two KV heads
             attend(store, 0, torch.zeros(3, 3, 8), make_batch([(0,)], [3], [3]), 1.0)
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(InvalidRequest):  # no layer 5
             attend(store, 5, query, make_batch([(0,)], [3], [3]), 1.0)
+
+    @pytest.mark.spec("PST-003")
+    @pytest.mark.parametrize(
+        "batch",
+        [
+            pytest.param(
+                lambda: AttentionBatch(torch.tensor([0, 3]), torch.tensor([3]), None),
+                id="no-page-tables",
+            ),
+            pytest.param(lambda: make_batch([(0,)], [3], [5]), id="context-past-page-table"),
+            pytest.param(lambda: make_batch([(7,)], [3], [3]), id="page-outside-pool"),
+            pytest.param(lambda: make_batch([(0,)], [3], [2]), id="more-rows-than-context"),
+            pytest.param(lambda: make_batch([(0,)], [2], [2]), id="offsets-for-fewer-rows"),
+        ],
+    )
+    def test_inconsistent_batches_raise_invalid_request(
+        self, make_paged_store: MakePagedStore, batch: Callable[[], AttentionBatch]
+    ) -> None:
+        """A three-row query against a batch that does not describe it."""
+        store = make_paged_store(page_size=4, num_pages=4)
+        with pytest.raises(InvalidRequest):
+            attend(store, 0, torch.zeros(3, 4, 8), batch(), 1.0)
 
     # -- attention ---------------------------------------------------------------------------
 
