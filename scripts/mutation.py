@@ -208,6 +208,8 @@ def _function(lines: list[str], name: str) -> list[str]:
     """The body of ``def <name>(`` in a mutated file (up to the next line indented as little)."""
     start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(f"def {name}("))
     indent = len(lines[start]) - len(lines[start].lstrip())
+    while not lines[start].rstrip().endswith(":"):  # a signature over several lines
+        start += 1
     end = start + 1
     while end < len(lines) and (
         not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent

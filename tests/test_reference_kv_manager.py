@@ -183,12 +183,12 @@ def test_freed_ids_are_remembered_up_to_a_bound(monkeypatch: pytest.MonkeyPatch)
     unknown id) up to a bound, forgetting the oldest first."""
     monkeypatch.setattr(manager_module, "FREED_IDS_REMEMBERED", 3)
     kv = ReferenceKVManager(KVManagerConfig(8, 2))
-    for seq_id in range(4):
+    for seq_id in (0, 1, 2, 0, 3):  # id 0 is allocated again: freed last, remembered longest
         kv.allocate(seq_id, [seq_id], 1)
         kv.free(seq_id)
-    for remembered in (3, 2, 1):
+    for remembered in (3, 2, 0):
         with pytest.raises(DoubleFree):
             kv.free(remembered)
     with pytest.raises(UnknownSequence) as forgotten:
-        kv.free(0)
+        kv.free(1)
     assert not isinstance(forgotten.value, DoubleFree)
