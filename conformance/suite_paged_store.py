@@ -118,25 +118,62 @@ class PagedStoreSuite:
 
     @pytest.mark.spec("PST-003")
     @pytest.mark.parametrize(
-        "batch",
+        ("rows", "batch"),
         [
             pytest.param(
+                3,
                 lambda: AttentionBatch(torch.tensor([0, 3]), torch.tensor([3]), None),
                 id="no-page-tables",
             ),
-            pytest.param(lambda: make_batch([(0,)], [3], [5]), id="context-past-page-table"),
-            pytest.param(lambda: make_batch([(7,)], [3], [3]), id="page-outside-pool"),
-            pytest.param(lambda: make_batch([(0,)], [3], [2]), id="more-rows-than-context"),
-            pytest.param(lambda: make_batch([(0,)], [2], [2]), id="offsets-for-fewer-rows"),
+            pytest.param(3, lambda: make_batch([(0,)], [3], [5]), id="context-past-page-table"),
+            pytest.param(3, lambda: make_batch([(4,)], [3], [3]), id="page-past-the-pool"),
+            pytest.param(3, lambda: make_batch([(-1,)], [3], [3]), id="negative-page"),
+            pytest.param(3, lambda: make_batch([(0,)], [3], [2]), id="more-rows-than-context"),
+            pytest.param(3, lambda: make_batch([(0,)], [2], [2]), id="offsets-for-fewer-rows"),
+            pytest.param(
+                4,
+                lambda: AttentionBatch(
+                    torch.tensor([1, 4]), torch.tensor([3]), torch.tensor([[0]])
+                ),
+                id="offsets-not-from-zero",
+            ),
+            pytest.param(
+                3,
+                lambda: AttentionBatch(
+                    torch.tensor([0, 3]), torch.tensor([3]), torch.tensor([[0], [1]])
+                ),
+                id="page-tables-of-another-batch",
+            ),
         ],
     )
     def test_inconsistent_batches_raise_invalid_request(
-        self, make_paged_store: MakePagedStore, batch: Callable[[], AttentionBatch]
+        self,
+        make_paged_store: MakePagedStore,
+        rows: int,
+        batch: Callable[[], AttentionBatch],
     ) -> None:
-        """A three-row query against a batch that does not describe it."""
+        """A query against a batch that does not describe it, or names pages outside the
+        pool of 4 pages."""
         store = make_paged_store(page_size=4, num_pages=4)
         with pytest.raises(InvalidRequest):
-            attend(store, 0, torch.zeros(3, 4, 8), batch(), 1.0)
+            attend(store, 0, torch.zeros(rows, 4, 8), batch(), 1.0)
+
+    @pytest.mark.spec("PST-003", "PST-004")
+    def test_slots_must_be_integers_of_any_width(self, make_paged_store: MakePagedStore) -> None:
+        """Float, boolean or 2-D slots raise; int32 slots work like int64 ones."""
+        store = make_paged_store(page_size=4, num_pages=4)
+        kv = torch.randn(2, 2, 8)
+        for bad in (torch.tensor([0.0, 1.0]), torch.tensor([True, False]), torch.tensor([[0, 1]])):
+            with pytest.raises(InvalidRequest):
+                store.write(0, bad, kv, kv)
+            with pytest.raises(InvalidRequest):
+                store.read(0, bad)
+        narrow = torch.tensor([5, 2], dtype=torch.int32)
+        store.write(1, narrow, kv, kv * 2)
+        got_k, got_v = store.read(1, narrow)
+        assert torch.equal(got_k, kv)
+        assert torch.equal(got_v, kv * 2)
+        assert torch.equal(store.read(1, torch.tensor([2]))[0], kv[1:])
 
     # -- attention ---------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, KVManagerConfig, PagedStore, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
-from pagedkv.kv.paged_store import TorchPagedStore, bytes_per_page, pages_for_budget
+from pagedkv.kv.paged_store import TorchPagedStore, bytes_per_page, pages_for_budget, torch_device
 from pagedkv.testing.tiny_qwen3 import one_torch_thread
 from pagedkv_conformance.store_harness import ATOL, dense_reference
 
@@ -403,3 +403,21 @@ def test_random_programs_match_the_dense_reference(
         for s in seqs
     ]
     harness.check_attention(seqs, q_lens, heads=kv_heads * groups)
+
+
+@pytest.mark.spec("PST-002")
+def test_a_budget_of_exactly_one_page_buys_one_page() -> None:
+    config = StoreConfig(num_layers=1, num_kv_heads=1, head_dim=4, page_size=2, num_pages=9)
+    per_page = bytes_per_page(config)
+    assert pages_for_budget(config, per_page) == 1
+    assert TorchPagedStore.from_budget(config, 2 * per_page - 1).config.num_pages == 1
+
+
+@pytest.mark.spec("PST-003")
+def test_devices_are_checked_when_the_store_is_built() -> None:
+    with pytest.raises(InvalidRequest, match="device"):
+        torch_device("not-a-device")
+    assert torch_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidRequest, match="CUDA"):
+            TorchPagedStore(StoreConfig(1, 1, 4, 2, 2, device="cuda"))
