@@ -128,9 +128,8 @@ def write_config(work: Path, package: Package, tests: list[str]) -> None:
     (work / "pyproject.toml").write_text("\n".join(lines).replace("'", '"') + "\n")
 
 
-def prepare(package: Package, tests_root: Path) -> tuple[Path, list[str]]:
+def prepare(package: Package, tests_root: Path, work: Path) -> tuple[Path, list[str]]:
     """A fresh folder holding links to the sources and the tests; the tests that exist."""
-    work = BUILD / package.name
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -236,12 +235,17 @@ def diff_of(work: Path, name: str) -> tuple[list[str], list[str]]:
 
 
 def run_package(
-    package: Package, tests_root: Path, jobs: int, equivalents: Equivalents, report_only: bool
+    package: Package,
+    tests_root: Path,
+    jobs: int,
+    equivalents: Equivalents,
+    report_only: bool,
+    work: Path,
 ) -> dict[str, float]:
-    work, tests = BUILD / package.name, list(package.tests)
+    tests = list(package.tests)
     started = time.monotonic()
     if not report_only:
-        work, tests = prepare(package, tests_root)
+        work, tests = prepare(package, tests_root, work)
         mutmut(work, "run", "--max-children", str(jobs), log=work / "run.log")
     elapsed = time.monotonic() - started
     statuses: dict[str, str] = {}
@@ -289,13 +293,21 @@ def main() -> int:
     parser.add_argument(
         "--report-only", action="store_true", help="report the last run's results again"
     )
+    parser.add_argument(
+        "--build", type=Path, default=BUILD, help=f"where the runs happen (default {BUILD})"
+    )
     args = parser.parse_args()
     names = args.packages or list(PACKAGES)
     equivalents = load_equivalents()
     started = time.monotonic()
     results = {
         name: run_package(
-            PACKAGES[name], args.tests_from.resolve(), args.jobs, equivalents, args.report_only
+            PACKAGES[name],
+            args.tests_from.resolve(),
+            args.jobs,
+            equivalents,
+            args.report_only,
+            args.build.resolve() / name,
         )
         for name in names
     }
