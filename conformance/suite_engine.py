@@ -32,6 +32,11 @@ from .sampling_reference import filtered_distribution
 SAMPLES = 80
 
 
+def filtered_top(vocab: int) -> float:
+    """The hash model's probability of its own next token (logits fall by 0.5 per step)."""
+    return 1.0 / sum(math.exp(-0.5 * d) for d in range(vocab))
+
+
 @pytest.mark.requires("engine")
 class EngineSuite:
     """Every engine requirement that can be checked without a real model."""
@@ -102,6 +107,20 @@ class EngineSuite:
         assert all(len(step) <= 3 for step in eut.runner.steps)
         mixed = [s for s in eut.runner.steps if 1 in s and any(n > 1 for n in s)]
         assert mixed, f"no step mixed decode and prefill: {eut.runner.steps}"
+
+    @pytest.mark.spec("ENG-011", "ENG-022")
+    def test_v0_respects_the_budgets_and_caches_nothing(self, backend: Backend) -> None:
+        """v0 recomputes whole sequences, still under max_num_seqs and (beyond a step's first
+        sequence) max_num_batched_tokens, and reports no cached token."""
+        eut = build_engine(backend, mode="v0", max_num_batched_tokens=30, max_num_seqs=2)
+        prompts = prompts_with_shared_prefix(5, prefix_len=6, seed=8)
+        outs = eut.run(prompts, greedy(max_tokens=4))
+        for prompt, out in zip(prompts, outs, strict=True):
+            assert list(out.token_ids) == solo_greedy(prompt, 4)
+            assert out.metrics.cached_tokens == 0
+        assert all(len(step) <= 2 for step in eut.runner.steps)
+        assert all(len(step) == 1 or sum(step) <= 30 for step in eut.runner.steps)
+        assert any(len(step) == 2 for step in eut.runner.steps), "v0 never batched"
 
     @pytest.mark.spec("ENG-012", "ENG-015")
     def test_abort_frees_every_page(self, backend: Backend) -> None:
@@ -191,6 +210,16 @@ class EngineSuite:
         (same,) = eut.run([prompt], greedy(max_tokens=2), cache_salt="tenant-a")
         assert other.metrics.cached_tokens == 0
         assert same.metrics.cached_tokens == 16
+
+    @pytest.mark.spec("ENG-023", "ENG-013")
+    def test_a_stream_keeps_its_cache_salt(self, backend: Backend) -> None:
+        eut = build_engine(backend)
+        prompt = list(range(30, 50))
+        eut.run([prompt], greedy(max_tokens=2), cache_salt="tenant-a")
+        other = list(eut.engine.stream(prompt, greedy(max_tokens=2), cache_salt="tenant-b"))
+        same = list(eut.engine.stream(prompt, greedy(max_tokens=2), cache_salt="tenant-a"))
+        assert other[-1].metrics.cached_tokens == 0
+        assert same[-1].metrics.cached_tokens == 16
 
     @pytest.mark.spec("ENG-024")
     def test_prefix_caching_off_changes_only_the_work(self, backend: Backend) -> None:
@@ -370,6 +399,21 @@ class EngineSuite:
         (by_token,) = build_engine(backend).run([prompt], stop_at)
         assert list(by_token.token_ids) == expected[: expected.index(expected[2]) + 1]
         assert by_token.finish_reason is FinishReason.STOP
+
+    @pytest.mark.spec("ENG-044")
+    @pytest.mark.parametrize("n", [0, 1])
+    def test_logprobs_of_the_chosen_token_only_or_one_more(self, backend: Backend, n: int) -> None:
+        """``logprobs=0`` reports the chosen token's log-probability and no list; ``1`` one
+        pair, the chosen (greedy) token itself."""
+        params = SamplingParams(max_tokens=3, temperature=0, logprobs=n)
+        (out,) = build_engine(backend).run([[4, 5, 6]], params)
+        assert out.logprobs is not None
+        assert len(out.logprobs) == 3
+        for token, entry in zip(out.token_ids, out.logprobs, strict=True):
+            assert entry.token_id == token
+            assert len(entry.top) == n
+            assert math.isclose(entry.logprob, math.log(filtered_top(VOCAB)), abs_tol=1e-5)
+            assert [t for t, _ in entry.top] == [token] * n
 
     @pytest.mark.spec("ENG-044")
     def test_logprobs(self, backend: Backend) -> None:

@@ -94,6 +94,7 @@ PACKAGES: dict[str, Package] = {
                 "test_suffix_after_a_prefix_hit_matches_transformers",
                 "conformance/test_engine_text.py",
                 "tests/test_engine_api.py",
+                "tests/test_model_dir_files.py",
             ),
         ),
     )

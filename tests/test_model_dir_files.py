@@ -1,0 +1,42 @@
+"""What the engine reads from a model directory besides the weights: EOS ids and the tokenizer
+(specs/engine.md ENG-042, ENG-060)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pagedkv.engine.tokenizer import Tokenizer, eos_token_ids
+from pagedkv.errors import CheckpointError
+
+
+def write(path: Path, name: str, eos: object) -> None:
+    (path / name).write_text(json.dumps({"eos_token_id": eos}), encoding="utf-8")
+
+
+@pytest.mark.spec("ENG-042")
+def test_eos_ids_come_from_both_configs(tmp_path: Path) -> None:
+    write(tmp_path, "config.json", 5)
+    write(tmp_path, "generation_config.json", [6, 7])
+    assert eos_token_ids(tmp_path) == {5, 6, 7}
+
+
+@pytest.mark.spec("ENG-042")
+def test_eos_ids_from_the_generation_config_alone(tmp_path: Path) -> None:
+    write(tmp_path, "generation_config.json", 9)
+    assert eos_token_ids(tmp_path) == {9}
+
+
+@pytest.mark.spec("ENG-042")
+def test_no_eos_id_without_configs_or_with_null(tmp_path: Path) -> None:
+    assert eos_token_ids(tmp_path) == frozenset()
+    write(tmp_path, "config.json", None)
+    assert eos_token_ids(tmp_path) == frozenset()
+
+
+@pytest.mark.spec("ENG-060")
+def test_a_directory_without_tokenizer_files_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="tokenizer"):
+        Tokenizer(tmp_path)
