@@ -40,3 +40,25 @@ def test_no_eos_id_without_configs_or_with_null(tmp_path: Path) -> None:
 def test_a_directory_without_tokenizer_files_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="tokenizer"):
         Tokenizer(tmp_path)
+
+
+@pytest.mark.spec("ENG-060")
+def test_the_default_tokenizer_round_trips_and_templates_chats() -> None:
+    from transformers import AutoTokenizer
+
+    from pagedkv.assets import default_model_dir
+
+    path = default_model_dir()
+    ours, theirs = Tokenizer(path), AutoTokenizer.from_pretrained(str(path))
+    text = "def main():\n    return 0\n"
+    ids = ours.encode(text)
+    assert ids == theirs.encode(text, add_special_tokens=False)
+    assert ours.decode(ids) == text
+    assert ours.eos_token_id == theirs.eos_token_id
+    assert ours.has_chat_template
+    messages = [{"role": "user", "content": "Open a file."}]
+    templated = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(messages) == ours.encode(templated)
+    assert ours.decode(ours.apply_chat_template(messages)).endswith(
+        "assistant\n"
+    )  # skipped specials
