@@ -111,6 +111,9 @@ class PagedStoreSuite:
         with pytest.raises(InvalidRequest):
             store.read(-1, torch.tensor([0]))
         query = torch.zeros(3, 4, 8)  # three rows, four heads
+        for shape in ((3, 4, 4), (3, 32)):  # another head size; no head dimension
+            with pytest.raises(InvalidRequest):
+                attend(store, 0, torch.zeros(shape), make_batch([(0,)], [3], [3]), 1.0)
         with pytest.raises(InvalidRequest):  # three heads: not a multiple of two KV heads
             attend(store, 0, torch.zeros(3, 3, 8), make_batch([(0,)], [3], [3]), 1.0)
         with pytest.raises(InvalidRequest):  # no layer 5

@@ -155,9 +155,11 @@ def mutmut(work: Path, *args: str, log: Path | None = None) -> str:
 
 @dataclass(frozen=True)
 class Equivalents:
-    """Survivors triaged as equivalent: by name, or by a rule matching the mutant's diff."""
+    """Survivors triaged as equivalent: by name, by an argument whose value cannot matter, or
+    by a rule matching the mutant's diff."""
 
     by_name: dict[str, str]
+    arguments: list[tuple[str, re.Pattern[str], str]]
     rules: list[tuple[re.Pattern[str], str]]
 
     def reason(self, name: str, removed: list[str], added: list[str]) -> str | None:
@@ -169,11 +171,26 @@ class Equivalents:
             and all(message_only(a, b) for a, b in zip(removed, added, strict=True))
         ):
             return "changes only the text of a message (the suite checks typed errors)"
+        before, after = " ".join(removed), " ".join(added)
+        for argument, value, reason in self.arguments:
+            if before != after and (
+                without(before, argument, value) == without(after, argument, value)
+            ):
+                return reason
         diff = " | ".join(removed + added)
         for pattern, reason in self.rules:
             if pattern.search(diff):
                 return reason
         return None
+
+
+def without(line: str, argument: str, value: re.Pattern[str]) -> str:
+    """``line`` with the keyword ``argument`` (given ``value``, or None) taken out, and the
+    assignment ``argument = value`` (or None) blanked."""
+    values = f"(?:{value.pattern}|None)"
+    line = re.sub(rf"\b{argument}={values},?\s*", "", line)
+    line = re.sub(rf"^{argument} = {values}$", f"{argument} = _", line.strip())
+    return re.sub(r",\s*\)", ")", line)
 
 
 _STRING = re.compile(r"""f?("([^"\\]|\\.)*"|'([^'\\]|\\.)*')""")
@@ -194,11 +211,14 @@ def message_only(removed: str, added: str) -> bool:
 
 def load_equivalents() -> Equivalents:
     if not EQUIVALENTS.exists():
-        return Equivalents({}, [])
+        return Equivalents({}, [], [])
     data = tomllib.loads(EQUIVALENTS.read_text(encoding="utf-8"))
     by_name = {name: str(e["reason"]) for name, e in data.get("equivalent", {}).items()}
+    arguments = [
+        (str(a["name"]), re.compile(a["value"]), str(a["reason"])) for a in data.get("argument", [])
+    ]
     rules = [(re.compile(r["pattern"]), str(r["reason"])) for r in data.get("rule", [])]
-    return Equivalents(by_name, rules)
+    return Equivalents(by_name, arguments, rules)
 
 
 def _function(lines: list[str], name: str) -> list[str]:

@@ -126,7 +126,7 @@ class Harness:
         contexts = [self.length(s) for s in seqs]
         batch = batch_for(tables, q_lens, contexts)
         query = torch.randn(sum(q_lens), heads, cfg.head_dim, generator=self.generator)
-        scale = cfg.head_dim**-0.5
+        scale = 0.3  # not head_dim ** -0.5: the scale given must be the one used
         for layer in range(cfg.num_layers):
             out = self.store.attention(layer, query, batch, scale)
             assert out.shape == query.shape
@@ -421,3 +421,20 @@ def test_devices_are_checked_when_the_store_is_built() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(InvalidRequest, match="CUDA"):
             TorchPagedStore(StoreConfig(1, 1, 4, 2, 2, device="cuda"))
+
+
+@pytest.mark.spec("PST-010")
+def test_a_bfloat16_pool_attends_a_float32_query_in_float32() -> None:
+    """K/V are cast to the query's dtype: the result is float32 and close to the reference
+    computed on the bfloat16-rounded K/V."""
+    store = TorchPagedStore(StoreConfig(1, 2, 8, 4, 4, dtype="bfloat16"))
+    gen = torch.Generator().manual_seed(3)
+    k, v = torch.randn(6, 2, 8, generator=gen), torch.randn(6, 2, 8, generator=gen)
+    store.write(0, torch.arange(6), k, v)
+    query = torch.randn(2, 4, 8, generator=gen)
+    for q_lens in ([2], [1]):
+        batch = batch_for([(0, 1)], q_lens, [6])
+        out = store.attention(0, query[: q_lens[0]], batch, 0.3)
+        assert out.dtype == torch.float32
+        want = dense_reference(query[: q_lens[0]], k.bfloat16(), v.bfloat16(), 0.3)
+        torch.testing.assert_close(out.double(), want, atol=ATOL, rtol=0)
