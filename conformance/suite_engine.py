@@ -108,19 +108,27 @@ class EngineSuite:
         mixed = [s for s in eut.runner.steps if 1 in s and any(n > 1 for n in s)]
         assert mixed, f"no step mixed decode and prefill: {eut.runner.steps}"
 
-    @pytest.mark.spec("ENG-011", "ENG-022")
+    @pytest.mark.spec("ENG-011", "ENG-022", "ENG-050")
     def test_v0_respects_the_budgets_and_caches_nothing(self, backend: Backend) -> None:
-        """v0 recomputes whole sequences, still under max_num_seqs and (beyond a step's first
-        sequence) max_num_batched_tokens, and reports no cached token."""
-        eut = build_engine(backend, mode="v0", max_num_batched_tokens=30, max_num_seqs=2)
-        prompts = prompts_with_shared_prefix(5, prefix_len=6, seed=8)
-        outs = eut.run(prompts, greedy(max_tokens=4))
+        """v0 recomputes whole sequences under the budgets: a 20-token budget admits two
+        10-token prompts (exactly filling it) but not a third; running sequences grow past it
+        and still admit nobody; the third runs alone after them. Nothing is cached, and the
+        pool counters are all zero."""
+        eut = build_engine(backend, mode="v0", max_num_batched_tokens=20, max_num_seqs=3)
+        prompts = [list(range(10)), list(range(20, 30)), [7, 7, 7, 7, 7]]
+        outs = eut.run(prompts, greedy(max_tokens=2))
+        assert eut.runner.steps == [[10, 10], [11, 11], [5], [6]]
         for prompt, out in zip(prompts, outs, strict=True):
-            assert list(out.token_ids) == solo_greedy(prompt, 4)
+            assert list(out.token_ids) == solo_greedy(prompt, 2)
             assert out.metrics.cached_tokens == 0
-        assert all(len(step) <= 2 for step in eut.runner.steps)
-        assert all(len(step) == 1 or sum(step) <= 30 for step in eut.runner.steps)
-        assert any(len(step) == 2 for step in eut.runner.steps), "v0 never batched"
+        stats = eut.engine.stats()
+        assert (stats.num_pages, stats.pages_in_use, stats.pages_free, stats.pages_cached) == (
+            0,
+            0,
+            0,
+            0,
+        )
+        assert (stats.query_tokens, stats.hit_tokens, stats.hit_rate) == (0, 0, 0.0)
 
     @pytest.mark.spec("ENG-012", "ENG-015")
     def test_abort_frees_every_page(self, backend: Backend) -> None:
@@ -134,6 +142,7 @@ class EngineSuite:
         assert first is not None
         assert first.finished
         assert first.finish_reason is FinishReason.ABORT
+        assert first.new_token_ids == ()
         engine.check_invariants()
         engine.abort(ids[1])
         assert engine.stats().pages_in_use == 0
@@ -213,13 +222,14 @@ class EngineSuite:
 
     @pytest.mark.spec("ENG-023", "ENG-013")
     def test_a_stream_keeps_its_cache_salt(self, backend: Backend) -> None:
+        """A streamed request hits the pages of its own salt, and only those."""
         eut = build_engine(backend)
         prompt = list(range(30, 50))
         eut.run([prompt], greedy(max_tokens=2), cache_salt="tenant-a")
-        other = list(eut.engine.stream(prompt, greedy(max_tokens=2), cache_salt="tenant-b"))
         same = list(eut.engine.stream(prompt, greedy(max_tokens=2), cache_salt="tenant-a"))
-        assert other[-1].metrics.cached_tokens == 0
+        other = list(eut.engine.stream(prompt, greedy(max_tokens=2), cache_salt="tenant-b"))
         assert same[-1].metrics.cached_tokens == 16
+        assert other[-1].metrics.cached_tokens == 0
 
     @pytest.mark.spec("ENG-024")
     def test_prefix_caching_off_changes_only_the_work(self, backend: Backend) -> None:
@@ -296,6 +306,28 @@ class EngineSuite:
         for rid, prompt, n in zip((a, b, c), prompts, (12, 12, 2), strict=True):
             assert list(final[rid].token_ids) == solo_greedy(prompt, n)
 
+    @pytest.mark.spec("ENG-012", "ENG-032")
+    def test_aborting_a_preempted_request_ends_it(self, backend: Backend) -> None:
+        """A request aborted while it waits to be recomputed is gone: it never runs again,
+        and the others finish as they would alone."""
+        eut = build_engine(backend, page_size=4, num_pages=8, max_num_seqs=2)
+        engine = eut.engine
+        a = engine.add_request(list(range(12)), greedy(max_tokens=12))
+        b = engine.add_request(list(range(20, 28)), greedy(max_tokens=12))
+        for _ in range(100):
+            engine.step()
+            if engine.stats().preemptions:
+                break
+        aborted = engine.abort(b)
+        assert aborted is not None
+        assert aborted.finish_reason is FinishReason.ABORT
+        later: list[RequestOutput] = []
+        while engine.has_unfinished_requests():
+            later.extend(engine.step())
+        assert {o.request_id for o in later} == {a}
+        assert list(later[-1].token_ids) == solo_greedy(list(range(12)), 12)
+        assert engine.stats().pages_in_use == 0
+
     @pytest.mark.spec("ENG-031")
     def test_chunked_prefill(self, backend: Backend) -> None:
         eut = build_engine(backend, max_num_batched_tokens=5)
@@ -314,6 +346,7 @@ class EngineSuite:
         assert eut.engine.stats().preemptions > 0
         assert outs[0].metrics.preemptions == 0  # the oldest request is never the victim
         assert any(o.metrics.preemptions for o in outs[1:])
+        assert eut.engine.stats().preemptions == sum(o.metrics.preemptions for o in outs)
         assert eut.engine.stats().pages_in_use == 0
 
     @pytest.mark.spec("ENG-033")

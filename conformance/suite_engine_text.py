@@ -126,3 +126,20 @@ class EngineTextSuite:
         with pytest.raises(InvalidRequest):
             eut.engine.add_request([1, 2, 3], SamplingParams(stop=("x",)))
         assert not eut.engine.has_unfinished_requests()
+
+    @pytest.mark.spec("ENG-043")
+    def test_a_stop_string_at_the_very_start(self, backend: Backend, tokenizer: Tokenizer) -> None:
+        """A stop string found at the first character leaves no text at all."""
+        free_params = SamplingParams(max_tokens=12, temperature=0.0)
+        for prompt in PROMPTS:
+            (free,) = stream_of(text_engine(backend, tokenizer), prompt, free_params)[-1:]
+            start = free.text[:3]
+            if len(start) == 3 and start.isprintable() and "\ufffd" not in start:
+                break
+        else:
+            raise AssertionError("no prompt's text starts with three clean characters")
+        params = SamplingParams(max_tokens=12, temperature=0.0, stop=(start,))
+        outputs = stream_of(text_engine(backend, tokenizer), prompt, params)
+        assert outputs[-1].finish_reason is FinishReason.STOP
+        assert outputs[-1].text == ""
+        assert "".join(o.new_text for o in outputs) == ""

@@ -88,6 +88,7 @@ PACKAGES: dict[str, Package] = {
                 "conformance/test_engine_state_machine.py",
                 "conformance/test_engine_text.py",
                 "tests/test_model_dir_files.py",
+                "tests/test_sampler.py",
                 # one real-model case that continues cached contexts: the others reach the
                 # same engine code at several times the cost per mutant
                 "conformance/test_engine_model.py::TestEngineModel::"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from pagedkv.engine.config import CacheMode
+from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Tokenizer, eos_token_ids
 from pagedkv.errors import CheckpointError
 
@@ -62,3 +64,33 @@ def test_the_default_tokenizer_round_trips_and_templates_chats() -> None:
     assert ours.decode(ours.apply_chat_template(messages)).endswith(
         "assistant\n"
     )  # skipped specials
+
+
+@pytest.mark.spec("ENG-060", "ENG-042", "ENG-034")
+@pytest.mark.parametrize("mode", ["v1", "v0"])
+def test_an_engine_from_a_model_directory_is_wired_to_it(mode: CacheMode) -> None:
+    """The engine gets the directory's tokenizer, EOS ids and trained positions, and (v1) a
+    pool shaped by its config."""
+    from pagedkv.assets import default_model_dir
+    from pagedkv.engine.config import EngineConfig
+    from pagedkv.engine.engine import LLMEngine
+
+    path = default_model_dir()
+    config = EngineConfig(page_size=4, num_pages=16, mode=mode)
+    engine = LLMEngine.from_model_dir(path, config)
+    assert engine.tokenizer is not None
+    assert engine.eos_ids == eos_token_ids(path)
+    assert engine.eos_ids
+    assert engine.runner.max_positions == 1024
+    if mode == "v1":
+        assert engine.kv is not None
+        assert (engine.kv.num_pages, engine.kv.page_size) == (16, 4)
+    else:
+        assert engine.kv is None
+    prompt = engine.tokenizer.encode("import os\n")
+    rid = engine.add_request("import os\n", SamplingParams(max_tokens=3, temperature=0.0))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs.extend(o for o in engine.step() if o.request_id == rid)
+    assert list(outputs[-1].prompt_token_ids) == prompt
+    assert len(outputs[-1].token_ids) >= 1
