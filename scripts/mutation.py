@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import fnmatch
 import os
 import re
 import shutil
@@ -300,6 +301,14 @@ def run_package(
     }
 
 
+def restrict(package: Package, pattern: str | None) -> Package:
+    """``package`` with only the files matching ``pattern`` (all of them for ``None``)."""
+    if pattern is None:
+        return package
+    files = tuple(f for f in package.files if fnmatch.fnmatch(f, pattern))
+    return Package(package.name, files, package.tests)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("packages", nargs="*", choices=[*PACKAGES, []], default=[])
@@ -313,13 +322,16 @@ def main() -> int:
     parser.add_argument(
         "--build", type=Path, default=BUILD, help=f"where the runs happen (default {BUILD})"
     )
+    parser.add_argument(
+        "--only", metavar="GLOB", help="mutate only the package files matching GLOB"
+    )
     args = parser.parse_args()
     names = args.packages or list(PACKAGES)
     equivalents = load_equivalents()
     started = time.monotonic()
     results = {
         name: run_package(
-            PACKAGES[name],
+            restrict(PACKAGES[name], args.only),
             args.tests_from.resolve(),
             args.jobs,
             equivalents,
