@@ -64,20 +64,30 @@ class VariantError(ValueError):
 
 
 def declared_variants(backend: object) -> dict[str, str]:
-    """The backend's choice for every known variant: its ``variants`` mapping (optional),
-    completed with the defaults.
+    """The backend's choice for every known variant, completed with the defaults.
+
+    ``variants`` is optional: a mapping of variant names to choices, or a set of strings in
+    which ``"name=choice"`` declares a choice and a bare name declares a departure the suite
+    does not model as a variant (it is ignored here: such backends list what it breaks in an
+    expected-failures file).
 
     Raises:
-        VariantError: ``variants`` is not a mapping of str to str, names an unknown variant,
-            or an unknown choice.
+        VariantError: ``variants`` is neither form, or names an unknown variant or choice.
     """
     raw: object = getattr(backend, "variants", None) or {}
-    if not isinstance(raw, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
-    ):
-        raise VariantError("'variants' must be a mapping of variant names to choices (str)")
+    pairs: list[tuple[object, object]]
+    if isinstance(raw, Mapping):
+        pairs = list(raw.items())
+    elif isinstance(raw, (set, frozenset, list, tuple)):
+        pairs = [tuple(item.split("=", 1)) for item in raw if isinstance(item, str) and "=" in item]  # type: ignore[misc]
+        if not all(isinstance(item, str) for item in raw):
+            raise VariantError("'variants' must hold strings")
+    else:
+        raise VariantError("'variants' must be a mapping of variant names to choices")
     chosen = {name: variant.default for name, variant in VARIANTS.items()}
-    for name, choice in raw.items():
+    for name, choice in pairs:
+        if not isinstance(name, str) or not isinstance(choice, str):
+            raise VariantError("'variants' must map variant names (str) to choices (str)")
         variant = VARIANTS.get(name)
         if variant is None:
             raise VariantError(f"unknown variant {name!r}; known: {sorted(VARIANTS)}")
