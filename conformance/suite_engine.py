@@ -130,6 +130,26 @@ class EngineSuite:
         )
         assert (stats.query_tokens, stats.hit_tokens, stats.hit_rate) == (0, 0, 0.0)
 
+    @pytest.mark.spec("ENG-011")
+    def test_a_budget_of_two_serves_two_decoders_every_step(self, backend: Backend) -> None:
+        """With a 2-token budget and two decoding requests, every step carries both."""
+        eut = build_engine(backend, max_num_batched_tokens=2, max_num_seqs=2)
+        outs = eut.run([[1], [2]], greedy(max_tokens=3))
+        assert eut.runner.steps == [[1, 1]] * 3
+        assert [list(o.token_ids) for o in outs] == [solo_greedy([1], 3), solo_greedy([2], 3)]
+
+    @pytest.mark.spec("ENG-026", "ENG-031")
+    def test_a_prompt_extending_a_running_prefill_waits_for_it(self, backend: Backend) -> None:
+        """A waiting prompt that extends the prompt a running request is still prefilling in
+        chunks is admitted once those pages are committed, and reuses them."""
+        eut = build_engine(backend, max_num_batched_tokens=4)
+        short = list(range(60, 70))
+        longer = short + list(range(80, 90))
+        outs = eut.run([short, longer], greedy(max_tokens=2))
+        assert outs[1].metrics.cached_tokens == 8
+        assert list(outs[0].token_ids) == solo_greedy(short, 2)
+        assert list(outs[1].token_ids) == solo_greedy(longer, 2)
+
     @pytest.mark.spec("ENG-012", "ENG-015")
     def test_abort_frees_every_page(self, backend: Backend) -> None:
         eut = build_engine(backend)
