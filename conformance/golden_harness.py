@@ -15,9 +15,9 @@ from pagedkv.engine.params import SamplingParams
 from pagedkv.interfaces import Backend, Engine, EngineBackend, KVManagerConfig, ModelBackend
 from pagedkv.plan import StepPlan
 from pagedkv.testing.tiny_qwen3 import (
-    PRESETS,
     build_tiny_checkpoint,
     load_hf_reference,
+    preset_spec,
     reference_logits,
 )
 
@@ -46,7 +46,7 @@ class GoldenCheckpoints:
         key = (preset, dtype)
         if key not in self._paths:
             self._paths[key] = build_tiny_checkpoint(
-                PRESETS[preset], self.root / f"{preset}-{dtype}", dtype=dtype
+                preset_spec(preset), self.root / f"{preset}-{dtype}", dtype=dtype
             )
         return self._paths[key]
 
@@ -61,7 +61,7 @@ class GoldenCheckpoints:
         key = (preset, dtype, device)
         if key not in self._expected:
             model = self.reference(preset, dtype, device)
-            outputs = hf_greedy(model, golden_prompts(PRESETS[preset].vocab), NEW_TOKENS)
+            outputs = hf_greedy(model, golden_prompts(preset_spec(preset).vocab), NEW_TOKENS)
             self._expected[key] = outputs
         return self._expected[key]
 
@@ -142,9 +142,11 @@ def model_engine(
     dtype: str = "float32",
     device: str = "cpu",
     num_pages: int = 512,
+    **options: Any,
 ) -> tuple[Engine, CountingRunner]:
     """The backend's model runner under the backend's engine (or pagedkv's, fed the backend's
-    KVManager, when it declares no ``engine``)."""
+    KVManager, when it declares no ``engine``); ``options`` are further ``EngineConfig``
+    fields."""
     if not isinstance(backend, ModelBackend):
         raise TypeError(f"backend {backend.name!r} declares 'model' but has no create_model_runner")
     runner = CountingRunner(
@@ -156,12 +158,18 @@ def model_engine(
             device=device,
         )
     )
-    config = EngineConfig(page_size=page_size, num_pages=num_pages, mode=mode)
+    config = EngineConfig(page_size=page_size, num_pages=num_pages, mode=mode, **options)
     if isinstance(backend, EngineBackend) and "engine" in backend.capabilities:
         return backend.create_engine(runner, config), runner
     from pagedkv.engine.engine import LLMEngine
 
-    kv = backend.create_kv_manager(KVManagerConfig(num_pages, page_size))
+    kv = (
+        backend.create_kv_manager(
+            KVManagerConfig(num_pages, page_size, config.enable_prefix_caching)
+        )
+        if mode == "v1"
+        else None
+    )
     return LLMEngine(runner, config, kv_manager=kv), runner
 
 

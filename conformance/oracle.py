@@ -22,7 +22,15 @@ Where the spec leaves no choice:
 * committing a page whose prefix another sequence already published (same parent) keeps the
   other page's entry, leaves this page unpublished and continues the chain from the other entry;
 * fresh pages come from the free list first, then by evicting the least recently released
-  cached page that the same allocation does not hit (KVM-024, KVM-026).
+  cached page that the same allocation does not hit (KVM-024, KVM-026);
+* a fork (KVM-037) shares the parent's full pages, takes the copy of a partial last page like
+  any fresh page, and continues the parent's chain; a page two forked sequences share is
+  published by whichever commits it first (the other finds the entry, as for a duplicate).
+
+A page is *in flight* (KVM-036) for a live sequence from its allocation until it commits the
+page, frees, or stops publishing: the full pages of the prompt it was allocated for, after its
+hits. The oracle finds them by comparing the queried prompt with every live sequence's prompt.
+Every successful state change bumps a version, which a match carries (KVM-035).
 
 Physical page ids are the oracle's own; the state machine relates them to the backend's.
 """
@@ -38,6 +46,7 @@ from pagedkv.errors import (
     InvalidRequest,
     OutOfPages,
     PagesInUse,
+    StaleMatch,
     UnknownSequence,
 )
 from pagedkv.interfaces import KVStats
@@ -68,9 +77,22 @@ class OracleSequence:
     pages: list[int]
     num_tokens: int
     salt: str | None
+    prompt: tuple[int, ...] = ()
     committed_pages: int = 0
     tail: OracleEntry | None = None
     broken: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OracleMatch:
+    """What the oracle's match_prefix found: ``hit_pages`` are the oracle's own page ids."""
+
+    token_ids: tuple[int, ...]
+    salt: str | None
+    hit_pages: tuple[int, ...]
+    num_cached_tokens: int
+    num_in_flight_tokens: int
+    version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +103,15 @@ class OracleAllocation:
     num_cached_tokens: int
     num_hit_pages: int
     num_new_pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class OracleFork:
+    """What the oracle's fork did: ``pages`` is the new table; ``copy`` is ``(src, dst)`` of
+    the partial last page, ``None`` when the reservation ends on a page boundary."""
+
+    pages: tuple[int, ...]
+    copy: tuple[int, int] | None
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
@@ -116,6 +147,7 @@ class KVOracle:
         self.query_tokens = 0
         self.hit_tokens = 0
         self.evictions = 0
+        self.version = 0
         self._next_uid = 0
 
     # -- lookups ---------------------------------------------------------------------------
@@ -159,6 +191,38 @@ class KVOracle:
             raise InvalidRequest("empty prompt")
         return len(self.match(token_ids, salt)) * self.page_size
 
+    def _in_flight(self, token_ids: Sequence[int], salt: str | None, page: int) -> bool:
+        """Whether a live sequence, publishing under ``salt``, was allocated for a prompt that
+        has ``token_ids``' tokens up to the end of ``page`` and has not committed that page."""
+        end = (page + 1) * self.page_size
+        prefix = tuple(token_ids[:end])
+        return any(
+            seq.salt == salt
+            and not seq.broken
+            and seq.committed_pages <= page < len(seq.prompt) // self.page_size
+            and seq.prompt[:end] == prefix
+            for seq in self.sequences.values()
+        )
+
+    def match_prefix(self, token_ids: Sequence[int], salt: str | None = None) -> OracleMatch:
+        if not token_ids:
+            raise InvalidRequest("empty prompt")
+        hits = self.match(token_ids, salt)
+        in_flight = 0
+        if self.enable_prefix_caching:
+            for page in range(len(hits), (len(token_ids) - 1) // self.page_size):
+                if not self._in_flight(token_ids, salt, page):
+                    break
+                in_flight += 1
+        return OracleMatch(
+            tuple(token_ids),
+            salt,
+            tuple(e.page for e in hits),
+            len(hits) * self.page_size,
+            in_flight * self.page_size,
+            self.version,
+        )
+
     def page_table(self, seq_id: int) -> tuple[int, ...]:
         return tuple(self._sequence(seq_id).pages)
 
@@ -201,7 +265,12 @@ class KVOracle:
         return taken
 
     def allocate(
-        self, seq_id: int, token_ids: Sequence[int], num_new_tokens: int, salt: str | None = None
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        num_new_tokens: int,
+        salt: str | None = None,
+        match: OracleMatch | None = None,
     ) -> OracleAllocation:
         if seq_id in self.sequences:
             raise DuplicateSequence(seq_id)
@@ -209,6 +278,12 @@ class KVOracle:
             raise InvalidRequest("empty prompt")
         if num_new_tokens < 1:
             raise InvalidRequest(f"num_new_tokens {num_new_tokens} < 1")
+        if match is not None and (
+            match.version != self.version
+            or match.salt != salt
+            or match.token_ids != tuple(token_ids)
+        ):
+            raise StaleMatch("stale match")
         hits = self.match(token_ids, salt)
         num_cached = len(hits) * self.page_size
         num_tokens = num_cached + num_new_tokens
@@ -222,12 +297,14 @@ class KVOracle:
             pages=hit_pages + fresh,
             num_tokens=num_tokens,
             salt=salt,
+            prompt=tuple(token_ids),
             committed_pages=len(hits),
             tail=hits[-1] if hits else None,
         )
         self.freed.discard(seq_id)
         self.query_tokens += len(token_ids)
         self.hit_tokens += num_cached
+        self.version += 1
         return OracleAllocation(tuple(hit_pages + fresh), num_cached, len(hits), len(fresh))
 
     def grow(self, seq_id: int, num_tokens: int) -> list[int]:
@@ -239,12 +316,37 @@ class KVOracle:
         fresh = self._take_fresh(needed, set()) if needed > 0 else []
         seq.pages.extend(fresh)
         seq.num_tokens = num_tokens
+        self.version += 1
         return fresh
+
+    def fork(self, seq_id: int, new_seq_id: int) -> OracleFork:
+        """Share the full pages, copy a partial last page to a fresh one, continue the chain;
+        the new sequence has no prompt, so nothing of it is in flight (KVM-037..039)."""
+        seq = self._sequence(seq_id)
+        if new_seq_id in self.sequences:
+            raise DuplicateSequence(new_seq_id)
+        partial = seq.num_tokens % self.page_size != 0
+        shared = seq.pages[:-1] if partial else list(seq.pages)
+        fresh = self._take_fresh(1, set()) if partial else []
+        for page in shared:
+            self.ref[page] += 1
+        self.sequences[new_seq_id] = OracleSequence(
+            pages=shared + fresh,
+            num_tokens=seq.num_tokens,
+            salt=seq.salt,
+            committed_pages=seq.committed_pages,
+            tail=seq.tail,
+            broken=seq.broken,
+        )
+        self.freed.discard(new_seq_id)
+        self.version += 1
+        return OracleFork(tuple(shared + fresh), (seq.pages[-1], fresh[0]) if partial else None)
 
     def commit(self, seq_id: int, token_ids: Sequence[int]) -> int:
         seq = self._sequence(seq_id)
         if len(token_ids) > seq.num_tokens:
             raise InvalidRequest(f"commit of {len(token_ids)} past {seq.num_tokens}")
+        self.version += 1
         if not self.enable_prefix_caching or seq.broken:
             return 0
         size = self.page_size
@@ -275,6 +377,7 @@ class KVOracle:
         seq = self._sequence(seq_id)
         del self.sequences[seq_id]
         self.freed.add(seq_id)
+        self.version += 1
         for page in reversed(seq.pages):  # the chain's tail first (KVM-023)
             self.ref[page] -= 1
             if self.ref[page] == 0:
@@ -291,6 +394,7 @@ class KVOracle:
         self.lru.clear()
         self.entries.clear()
         self.entry_of_page.clear()
+        self.version += 1
 
     def check(self) -> None:
         """The oracle's own consistency (a bug here is a bug in the suite, not the backend)."""

@@ -895,6 +895,23 @@ class KVManagerSuite:
         assert kv.cached_prefix_length(prompt, "".join(["tenant", "-", "b"])) == 0
         kv.check_invariants()
 
+    @pytest.mark.spec("KVM-028")
+    @CACHING
+    def test_empty_salt_is_a_salt_of_its_own(self, make_kv_manager: MakeKVManager) -> None:
+        """The empty string is a salt like any other, not the absence of one: a prefix
+        published under "" is hit under "" only, and an unsalted request gets its own pages."""
+        kv = make_kv_manager(16, 2)
+        prompt = tokens(1, 5)
+        run_prompt(kv, 1, prompt, "")
+        assert kv.cached_prefix_length(prompt, "") == 4
+        assert kv.cached_prefix_length(prompt, None) == 0
+        unsalted = run_prompt(kv, 2, prompt)
+        assert unsalted.num_cached_tokens == 0
+        assert not set(unsalted.page_table.pages) & set(kv.page_table(1).pages)
+        assert kv.cached_prefix_length(prompt, "") == kv.cached_prefix_length(prompt, None) == 4
+        assert_ref_counts_match_holders(kv, [1, 2])
+        kv.check_invariants()
+
     @pytest.mark.spec("KVM-029")
     def test_disabled_prefix_caching_publishes_and_hits_nothing(
         self, make_kv_manager: MakeKVManager

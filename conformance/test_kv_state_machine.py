@@ -36,10 +36,10 @@ from pagedkv.errors import (
     PagedKVError,
     UnknownSequence,
 )
-from pagedkv.interfaces import KVManager, PageTable
+from pagedkv.interfaces import ForkingKVManager, KVManager, PageCopy, PageTable, PrefixMatch
 
 from .loading import MakeKVManager
-from .oracle import KVOracle, NeverAllocated, pages_for
+from .oracle import KVOracle, NeverAllocated, OracleMatch, pages_for
 from .variants import ORPHANS
 
 T = TypeVar("T")
@@ -196,11 +196,18 @@ class KVManagerMachine(RuleBasedStateMachine):
         self._remember(token_ids, self.salts[seq_id])
 
     def _allocate(
-        self, data: st.DataObject, seq_id: int, prompt: list[int], n: int, salt: str | None
+        self,
+        data: st.DataObject,
+        seq_id: int,
+        prompt: list[int],
+        n: int,
+        salt: str | None,
+        matches: tuple[PrefixMatch, OracleMatch] | None = None,
     ) -> None:
+        got_match, want_match = matches if matches is not None else (None, None)
         outcome = self._run(
-            lambda: self.kv.allocate(seq_id, prompt, n, salt),
-            lambda: self.oracle.allocate(seq_id, prompt, n, salt),
+            lambda: self.kv.allocate(seq_id, prompt, n, salt, match=got_match),
+            lambda: self.oracle.allocate(seq_id, prompt, n, salt, match=want_match),
         )
         if outcome is None:
             return
@@ -270,6 +277,40 @@ class KVManagerMachine(RuleBasedStateMachine):
         self._allocate(data, seq_id, prompt, n, salt)
 
     @rule(data=st.data())
+    def allocate_from_a_match(self, data: st.DataObject) -> None:
+        """match_prefix once: the oracle's hits (on the very pages it says) and in-flight pages,
+        nothing moved. Then allocate with the match, maybe after another successful call or for
+        another prompt: StaleMatch, changing nothing, unless the match still holds."""
+        seq_id = self.next_id
+        self.next_id += 1
+        prompt, salt = self._draw_prompt(data, 3 * self.kv.page_size)
+        if len(self.live) > 0 and data.draw(st.booleans(), label="share a live sequence's pages"):
+            live = self._draw_live(data)  # its uncommitted pages are in flight
+            cut = data.draw(st.integers(1, len(self.live[live])), label="cut")
+            prompt, salt = [*self.live[live][:cut], *prompt], self.salts[live]
+        before = self.kv.stats()
+        outcome = self._run(
+            lambda: self.kv.match_prefix(prompt, salt),
+            lambda: self.oracle.match_prefix(prompt, salt),
+        )
+        assert outcome is not None
+        got, want = outcome.got, outcome.want
+        assert self.kv.stats() == before, "match_prefix moved a statistic"
+        assert (got.token_ids, got.cache_salt) == (tuple(prompt), salt)
+        assert got.num_cached_tokens == want.num_cached_tokens, (got, want)
+        assert got.num_cached_tokens == self.kv.cached_prefix_length(prompt, salt)
+        assert list(got.hit_pages) == [self.o2b.get(o) for o in want.hit_pages], (got, want)
+        assert got.num_in_flight_tokens == want.num_in_flight_tokens, (got, want)
+        then = data.draw(st.sampled_from(["allocate", "after a change", "another prompt"]))
+        if then == "after a change" and self.live:
+            live = self._draw_live(data)
+            self._commit(live, data.draw(st.integers(0, self.kv.page_table(live).num_tokens)))
+        asked = [*prompt, 0] if then == "another prompt" else prompt
+        left = len(prompt) - want.num_cached_tokens
+        n = data.draw(st.integers(1, left + self.kv.page_size), label="num_new_tokens")
+        self._allocate(data, seq_id, asked, n, salt, matches=(got, want))
+
+    @rule(data=st.data())
     def allocate_under_pressure(self, data: st.DataObject) -> None:
         """A large allocation: it evicts cached pages or raises OutOfPages."""
         seq_id = self.next_id
@@ -311,6 +352,42 @@ class KVManagerMachine(RuleBasedStateMachine):
         self._extend_tokens(data, seq_id, num_tokens)
         if data.draw(st.booleans(), label="write and commit the reservation"):
             self._commit(seq_id, num_tokens)
+
+    @precondition(lambda self: bool(self.live) and "fork" in self.capabilities)
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        """Fork a live sequence (or an unknown or freed one, or onto a live id): the full
+        pages are the parent's very pages, a partial last page is a fresh page named as the
+        copy of the parent's; then maybe commit the fork's reservation."""
+        kv = self.kv
+        assert isinstance(kv, ForkingKVManager), "the backend declares fork"
+        parent = self._draw_live(data)
+        child = self.next_id
+        kind = data.draw(st.sampled_from(["new", "new", "new", "onto-live", "of-freed"]))
+        if kind == "onto-live":
+            child = self._draw_live(data)
+        elif kind == "of-freed" and self.freed:
+            parent = data.draw(st.sampled_from(self.freed), label="freed parent")
+        if child == self.next_id:
+            self.next_id += 1
+        outcome = self._run(lambda: kv.fork(parent, child), lambda: self.oracle.fork(parent, child))
+        if outcome is None:
+            return
+        got, want = outcome.got, outcome.want
+        table, source = got.page_table, kv.page_table(parent)
+        assert table == kv.page_table(child)
+        assert (table.seq_id, table.num_tokens) == (child, source.num_tokens)
+        shared = len(want.pages) - (want.copy is not None)
+        assert table.pages[:shared] == source.pages[:shared], (table, source)
+        if want.copy is None:
+            assert got.copies == (), got
+        else:
+            assert got.copies == (PageCopy(source.pages[-1], table.pages[-1]),), got
+            self._map_fresh(child, table.pages[-1:], [want.pages[-1]])
+        self.live[child] = self.live[parent][: table.num_tokens]
+        self.salts[child] = self.salts[parent]
+        if data.draw(st.booleans(), label="commit the fork's reservation"):
+            self._commit(child, table.num_tokens)
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
@@ -500,6 +577,13 @@ class KVStateMachineSuite:
         "KVM-030",
         "KVM-031",
         "KVM-032",
+        "KVM-033",
+        "KVM-034",
+        "KVM-035",
+        "KVM-036",
+        "KVM-037",
+        "KVM-038",
+        "KVM-039",
     )
     def test_kv_manager_matches_the_oracle(
         self,

@@ -15,11 +15,12 @@ import pytest
 from serving_models import serving_model_dir
 
 from pagedkv.assets import has_default_model
+from pagedkv.backend import load_engine
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
+from pagedkv.interfaces import Engine
 from pagedkv.testing.tiny_qwen3 import model_device
 
 #: Engine flags every generate run passes; :data:`CONFIG` is the same configuration.
@@ -63,14 +64,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir: Path) -> LLMEngine:
+def reference(model_dir: Path) -> Engine:
     """The Python API on the same model and engine configuration."""
-    return LLMEngine.from_model_dir(model_dir, CONFIG, device=model_device())
+    return load_engine(model_dir, CONFIG, device=model_device())
 
 
-def greedy(
-    engine: LLMEngine, prompts: list[str | list[int]], max_tokens: int
-) -> list[RequestOutput]:
+def greedy(engine: Engine, prompts: list[str | list[int]], max_tokens: int) -> list[RequestOutput]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     return run_to_completion(engine, prompts, params)
 
@@ -108,6 +107,7 @@ def json_lines(stdout: str) -> list[dict[str, Any]]:
                 "--dtype",
                 "--device",
                 "--no-prefix-caching",
+                "--max-step-retries",
             ),
         ),
         (("serve",), ("--model", "--host", "--port", "--max-body-bytes", "--served-model-name")),
@@ -123,9 +123,7 @@ def test_help(command: tuple[str, ...], flags: tuple[str, ...]) -> None:
 
 
 @pytest.mark.spec("SRV-041", "SRV-043")
-def test_generate_chat_prompts_json_matches_python_api(
-    model_dir: Path, reference: LLMEngine
-) -> None:
+def test_generate_chat_prompts_json_matches_python_api(model_dir: Path, reference: Engine) -> None:
     prompts = ["def add(a, b):", "class Stack:"]
     system = "You write Python."
     args = ["generate", "--model", str(model_dir), "--chat", "--system", system, "--json"]
@@ -154,7 +152,7 @@ def test_generate_chat_prompts_json_matches_python_api(
 
 
 @pytest.mark.spec("SRV-041")
-def test_generate_jsonl(model_dir: Path, reference: LLMEngine, tmp_path: Path) -> None:
+def test_generate_jsonl(model_dir: Path, reference: Engine, tmp_path: Path) -> None:
     messages = [{"role": "user", "content": "hello"}]
     records: list[dict[str, Any]] = [
         {"prompt": "import os\n"},
@@ -190,7 +188,7 @@ def test_generate_jsonl(model_dir: Path, reference: LLMEngine, tmp_path: Path) -
 
 
 @pytest.mark.spec("SRV-041", "SRV-042")
-def test_generate_stdin_prompts_streamed(model_dir: Path, reference: LLMEngine) -> None:
+def test_generate_stdin_prompts_streamed(model_dir: Path, reference: Engine) -> None:
     prompts = ["def fibonacci(n):", "for i in range(10):"]
     result = cli(
         "generate",
@@ -215,6 +213,55 @@ def test_usage_errors_exit_2() -> None:
     line = one_line_error(cli("generate", "--max-tokens", "many"), 2)
     assert "--max-tokens" in line
     one_line_error(cli("generate", "--stream", "--json", "--prompt", "x"), 2)
+
+
+@pytest.mark.spec("SRV-040", "ENG-072")
+def test_max_step_retries_reaches_the_engine() -> None:
+    from pagedkv.cli import build_parser
+    from pagedkv.cli_engine import engine_config
+
+    for command in ("generate", "serve"):
+        default = build_parser().parse_args([command])
+        assert engine_config(default).max_step_retries == EngineConfig().max_step_retries == 2
+        given = build_parser().parse_args([command, "--max-step-retries", "0"])
+        assert engine_config(given).max_step_retries == 0
+
+
+@pytest.mark.spec("SRV-044", "SRV-041", "ENG-070")
+@pytest.mark.parametrize("mode", ["--json", "--stream"])
+def test_a_failed_prompt_is_reported_and_exits_1(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every step holding the second prompt raises: it fails alone, named on stderr, and the
+    first prompt's output is printed as usual."""
+    from pagedkv import cli_generate
+    from pagedkv.backend import reference_backend
+    from pagedkv.cli import main
+    from pagedkv.testing.faults import IdTokenizer, PoisonedRunner
+
+    def faulty_engine(*_: Any) -> Engine:
+        config = EngineConfig(page_size=4, num_pages=32, max_model_len=64)
+        runner = PoisonedRunner(101, 32, 4, poison=(90, 91), kind="raise")
+        return reference_backend().create_engine(runner, config, tokenizer=IdTokenizer())
+
+    monkeypatch.setattr(cli_generate, "load_engine", faulty_engine)
+    argv = ["generate", "--model", str(tmp_path), "--max-tokens", "3", "--temperature", "0"]
+    status = main([*argv, "--prompt", "1 2 3", "--prompt", "90 91 5", mode])
+    out, err = capsys.readouterr()
+    assert status == 1
+    (line,) = err.strip().splitlines()
+    assert line.startswith("pagedkv generate: prompt 1 failed: 3 steps running it failed")
+    assert "InjectedFault" in line
+    if mode == "--json":
+        first, second = (json.loads(x) for x in out.splitlines())
+        assert (first["finish_reason"], first["error"]) == ("length", None)
+        assert len(first["token_ids"]) == 3
+        assert second["finish_reason"] == "error"
+        assert second["error"] in line
+        assert second["token_ids"] == []
+    else:
+        assert out.startswith("### 0\n")
+        assert len(out.split("### 1\n")[0].split()) == 2 + 3  # the header, then 3 tokens
 
 
 @pytest.mark.spec("SRV-044")
@@ -255,12 +302,18 @@ def test_demo() -> None:
     assert saved is not None
     assert int(saved.group(1)) > 0
     for row in (
+        "time to first token (ms)",
+        "prefill step time (s)",
         "wall time (s)",
         "generated tokens/s",
         "peak KV pages in use",
         "KV pages in use now",
     ):
         assert re.search(rf"^{re.escape(row)}\s+\S+\s+\S+$", out, re.MULTILINE), row
+    saved_line = re.search(r"^prefix caching saved (\d+) prefill tokens and ", out, re.MULTILINE)
+    assert saved_line is not None
+    assert int(saved_line.group(1)) > 0
+    assert re.search(r"^why the wall time moves little: .*decode steps", out, re.MULTILINE)
     assert "identical greedy outputs with prefix caching on and off: yes" in out
 
 

@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 import torch
 
+from pagedkv.engine.runner import ModelRunner
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import KVManagerConfig, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.kv.paged_store import TorchPagedStore
 from pagedkv.model.loader import load_model
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
-from pagedkv.plan import SeqChunk, StepPlan, build_plan
+from pagedkv.plan import SeqChunk, StepPlan, build_paged_plan, build_recompute_plan
 from pagedkv.testing.tiny_qwen3 import (
     PRESETS,
     build_tiny_checkpoint,
@@ -64,9 +65,11 @@ class Case:
     device: str
 
 
-def prompts_for(vocab: int, seed: int = 0) -> list[list[int]]:
+def prompts_for(
+    vocab: int, seed: int = 0, lengths: tuple[int, ...] = PROMPT_LENGTHS
+) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +101,9 @@ def every_row(plan: StepPlan) -> StepPlan:
 
 
 def run(model: Qwen3ForCausalLM, plan: StepPlan, store: TorchPagedStore | None) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(plan, store)
+    """The model's logits of ``plan``, over ``store`` (v1) or none (v0), as a runner runs it."""
+    runner = ModelRunner.recompute(model) if store is None else ModelRunner.paged(model, store)
+    return runner.execute(plan)
 
 
 def store_for(
@@ -144,12 +148,12 @@ class PagedRun:
         return SeqChunk(tuple(tokens), start, table.pages)
 
     def step(self, work: list[tuple[int, list[int]]], all_rows: bool = False) -> torch.Tensor:
-        plan = build_plan([self.chunk(s, t) for s, t in work], self.page_size, self.device)
+        plan = build_paged_plan([self.chunk(s, t) for s, t in work], self.page_size, self.device)
         return run(self.model, every_row(plan) if all_rows else plan, self.store).cpu()
 
 
 def v0_plan(prompts: list[list[int]], device: str) -> StepPlan:
-    return build_plan([SeqChunk(tuple(p), 0) for p in prompts], None, device)
+    return build_recompute_plan([SeqChunk(tuple(p), 0) for p in prompts], device)
 
 
 def per_position_reference(case: Case, prompts: list[list[int]]) -> torch.Tensor:
@@ -181,10 +185,10 @@ def test_v0_default_logits_are_each_sequences_last_row(case: Case) -> None:
     assert max_diff(ours, expected) <= FP32_ATOL
 
 
-@pytest.mark.spec("GLD-011", "GLD-012")
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_v1_ragged_prefill_then_first_decode_step(case: Case, page_size: int) -> None:
-    prompts = prompts_for(case.ours.config.vocab_size)
+def check_v1_prefill_then_first_decode(
+    case: Case, prompts: list[list[int]], page_size: int
+) -> None:
+    """A v1 prefill of ``prompts`` in one plan, then one decode token each, within tolerance."""
     paged = PagedRun(case.ours, page_size, case.device)
     prefill = paged.step(list(enumerate(prompts)), all_rows=True)
     assert max_diff(prefill, per_position_reference(case, prompts)) <= FP32_ATOL
@@ -200,6 +204,12 @@ def test_v1_ragged_prefill_then_first_decode_step(case: Case, page_size: int) ->
     assert max_diff(decode, expected) <= FP32_ATOL
 
 
+@pytest.mark.spec("GLD-011", "GLD-012")
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_v1_ragged_prefill_then_first_decode_step(case: Case, page_size: int) -> None:
+    check_v1_prefill_then_first_decode(case, prompts_for(case.ours.config.vocab_size), page_size)
+
+
 @pytest.mark.spec("GLD-012")
 def test_v0_first_decode_step_recomputes_the_whole_sequence(case: Case) -> None:
     prompts = prompts_for(case.ours.config.vocab_size)
@@ -209,21 +219,28 @@ def test_v0_first_decode_step_recomputes_the_whole_sequence(case: Case) -> None:
     assert max_diff(ours, expected) <= FP32_ATOL
 
 
+def check_chunked_prefill_mixed_with_decodes(
+    case: Case, long: list[int], short: list[int], split: int
+) -> None:
+    """``long`` prefilled in two chunks (``split`` positions, then the rest, starting mid-page
+    of 5), each sharing its step with a decode token of ``short``; all within tolerance."""
+    paged = PagedRun(case.ours, 5, case.device)
+    paged.step([(1, short)])
+    first = paged.step([(0, long[:split]), (1, [long[0]])], all_rows=True)
+    second = paged.step([(1, [long[1]]), (0, long[split:])], all_rows=True)
+    reference_long = reference_logits(case.reference, long).cpu()
+    reference_short = reference_logits(case.reference, [*short, *long[:2]]).cpu()
+    assert max_diff(first[:split], reference_long[:split]) <= FP32_ATOL
+    assert max_diff(first[split:], reference_short[-2:-1]) <= FP32_ATOL
+    assert max_diff(second[:1], reference_short[-1:]) <= FP32_ATOL
+    assert max_diff(second[1:], reference_long[split:]) <= FP32_ATOL
+
+
 @pytest.mark.spec("GLD-013")
 def test_v1_chunked_prefill_mixed_with_decode_tokens(case: Case) -> None:
     """Prompts computed over several steps, chunks sharing steps with other sequences' decodes."""
     prompts = prompts_for(case.ours.config.vocab_size, seed=1)
-    long, short = prompts[2], prompts[3]  # 32 and 7 tokens
-    paged = PagedRun(case.ours, 5, case.device)
-    paged.step([(1, short)])
-    first = paged.step([(0, long[:11]), (1, [long[0]])], all_rows=True)
-    second = paged.step([(1, [long[1]]), (0, long[11:])], all_rows=True)
-    reference_long = reference_logits(case.reference, long).cpu()
-    reference_short = reference_logits(case.reference, [*short, *long[:2]]).cpu()
-    assert max_diff(first[:11], reference_long[:11]) <= FP32_ATOL
-    assert max_diff(first[11:], reference_short[-2:-1]) <= FP32_ATOL
-    assert max_diff(second[:1], reference_short[-1:]) <= FP32_ATOL
-    assert max_diff(second[1:], reference_long[11:]) <= FP32_ATOL
+    check_chunked_prefill_mixed_with_decodes(case, prompts[2], prompts[3], 11)  # 32, 7 tokens
 
 
 @pytest.mark.spec("GLD-014")
@@ -240,7 +257,7 @@ def test_the_model_keeps_no_state_between_steps(case: Case) -> None:
 @pytest.mark.spec("GLD-015")
 def test_a_cached_plan_needs_a_matching_store(case: Case) -> None:
     prompts = prompts_for(case.ours.config.vocab_size)
-    plan = build_plan([SeqChunk(tuple(prompts[0]), 0, tuple(range(13)))], 1, case.device)
+    plan = build_paged_plan([SeqChunk(tuple(prompts[0]), 0, tuple(range(13)))], 1, case.device)
     with pytest.raises(InvalidRequest, match="PagedStore"):
         run(case.ours, plan, None)
     cfg = case.ours.config

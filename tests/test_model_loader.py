@@ -259,8 +259,11 @@ def test_missing_field_is_named(untied: Path, tmp_path: Path, field: str) -> Non
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, "rope_type"),
-        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e6, "factor": 4}}, "dynamic"),
+        (
+            {"rope_parameters": None, "rope_theta": 1e6, "rope_scaling": {"type": "longrope"}},
+            "rope_scaling.rope_type",
+        ),
         ({"use_sliding_window": True}, "use_sliding_window"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),

@@ -26,6 +26,7 @@ ROOT = TESTS_DIR.parent
 #: The KVManager part of the conformance package.
 KV_SUITE = (
     "pagedkv_conformance.test_kv_manager",
+    "pagedkv_conformance.test_kv_match",
     "pagedkv_conformance.test_kv_state_machine",
     "pagedkv_conformance.test_kv_variants",
 )
@@ -34,9 +35,14 @@ EXIT_USAGE_ERROR = 4
 
 
 def run_suite(
-    backend: str, *args: str, modules: tuple[str, ...] = KV_SUITE, quiet: bool = True
+    backend: str,
+    *args: str,
+    modules: tuple[str, ...] = KV_SUITE,
+    quiet: bool = True,
+    cwd: Path = ROOT,
 ) -> tuple[int, str]:
-    """Run the conformance suite on ``backend``; returns the exit code and the output."""
+    """Run the conformance suite on ``backend`` from ``cwd``; returns the exit code and the
+    output."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS_DIR), env.get("PYTHONPATH")) if p)
     env["PAGEDKV_HYPOTHESIS_PROFILE"] = "ci"
@@ -45,7 +51,7 @@ def run_suite(
     command += ["-q"] if quiet else []
     command += ["-p", "no:cacheprovider", *args]
     result = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
     )
     return result.returncode, result.stdout + result.stderr
 
@@ -181,3 +187,26 @@ def test_expected_failures_file(tmp_path: Path) -> None:
     )
     assert code == EXIT_TESTS_FAILED, output[-3000:]
     assert "XPASS(strict)" in output, output[-3000:]
+
+
+def test_expected_failures_match_outside_the_checkout(tmp_path: Path) -> None:
+    """Run from another directory, as a third party would, where pytest leaves the file out
+    of the node ids: file-relative ids in ``--pagedkv-xfail`` still match."""
+    module = ("pagedkv_conformance.test_kv_manager",)
+    failing = (
+        "test_kv_manager.py::TestKVManager::"
+        "test_eviction_is_lru_tail_first_and_only_when_free_list_is_empty"
+    )
+    listed = tmp_path / "xfail.txt"
+    listed.write_text(failing + "\n", encoding="utf-8")
+    code, output = run_suite(
+        "mutants:mru_eviction",
+        f"--pagedkv-xfail={listed}",
+        "-k",
+        "lru_tail_first",
+        modules=module,
+        cwd=tmp_path,
+    )
+    assert code == 0, output[-3000:]
+    assert "1 xfailed" in output, output[-3000:]
+    assert "expected failures not run" not in output, output[-3000:]

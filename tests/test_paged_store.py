@@ -7,6 +7,7 @@ each sequence's logical K/V (tolerance ``ATOL`` on float32 outputs, see PST-010)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -128,7 +129,7 @@ class Harness:
         query = torch.randn(sum(q_lens), heads, cfg.head_dim, generator=self.generator)
         scale = 0.3  # not head_dim ** -0.5: the scale given must be the one used
         for layer in range(cfg.num_layers):
-            out = self.store.attention(layer, query, batch, scale)
+            out = self.store.attention(layer, query, self.store.prepare(batch), scale)
             assert out.shape == query.shape
             row = 0
             for seq, q_len in zip(seqs, q_lens, strict=True):
@@ -196,15 +197,29 @@ def test_invalid_configs_and_arguments_raise_invalid_request() -> None:
         store.read(0, torch.tensor([-1]))
     query = torch.zeros(3, 4, 8)
     with pytest.raises(InvalidRequest, match="page tables"):
-        store.attention(
-            0, query, AttentionBatch(torch.tensor([0, 3]), torch.tensor([3]), None), 1.0
-        )
+        store.prepare(AttentionBatch(torch.tensor([0, 3]), torch.tensor([3]), None))
     with pytest.raises(InvalidRequest, match="context_len"):
-        store.attention(0, query, batch_for([(0,)], [3], [5]), 1.0)
+        store.prepare(batch_for([(0,)], [3], [5]))
     with pytest.raises(InvalidRequest, match="pages"):
-        store.attention(0, query, batch_for([(7,)], [3], [3]), 1.0)
+        store.prepare(batch_for([(7,)], [3], [3]))
+    with pytest.raises(InvalidRequest, match="slots"):
+        store.prepare(
+            dataclasses.replace(batch_for([(0,)], [3], [3]), slot_mapping=torch.tensor([0, 1, 16]))
+        )
+    with pytest.raises(InvalidRequest, match="slots"):
+        store.prepare(
+            dataclasses.replace(batch_for([(0,)], [3], [3]), slot_mapping=torch.tensor([0, 1]))
+        )
+    metadata = store.prepare(batch_for([(0,)], [3], [3]))
     with pytest.raises(InvalidRequest, match="num_kv_heads"):
-        store.attention(0, torch.zeros(3, 3, 8), batch_for([(0,)], [3], [3]), 1.0)
+        store.attention(0, torch.zeros(3, 3, 8), metadata, 1.0)
+    with pytest.raises(InvalidRequest, match="rows"):
+        store.attention(0, torch.zeros(4, 4, 8), metadata, 1.0)
+    with pytest.raises(InvalidRequest, match="layer"):
+        store.attention(2, query, metadata, 1.0)
+    other = make_store(page_size=4, num_pages=5)
+    with pytest.raises(InvalidRequest, match="prepared"):
+        other.attention(0, query, metadata, 1.0)
 
 
 @pytest.mark.spec("PST-001")
@@ -303,9 +318,10 @@ def test_causal_masking_within_a_chunk_is_exact() -> None:
     store.write(0, slots, k, v)
     batch = batch_for([(0, 1, 2)], [6], [10])  # rows = positions 4..9
     query = torch.randn(6, 2, 8)
-    before = store.attention(0, query, batch, 0.3)
+    metadata = store.prepare(batch)
+    before = store.attention(0, query, metadata, 0.3)
     store.write(0, torch.tensor([9]), torch.full((1, 1, 8), 1e4), torch.full((1, 1, 8), 1e4))
-    after = store.attention(0, query, batch, 0.3)
+    after = store.attention(0, query, metadata, 0.3)
     assert torch.equal(before[:5], after[:5])
     assert not torch.equal(before[5], after[5])
 
@@ -335,7 +351,7 @@ def test_result_is_independent_of_which_physical_pages_hold_the_sequence() -> No
         store = TorchPagedStore(cfg)
         slots = torch.tensor([pages[p // 3] * 3 + p % 3 for p in range(8)])
         store.write(0, slots, k, v)
-        outputs.append(store.attention(0, query, batch_for([pages], [3], [8]), 0.25))
+        outputs.append(store.attention(0, query, store.prepare(batch_for([pages], [3], [8])), 0.25))
     torch.testing.assert_close(outputs[1], outputs[0], atol=ATOL, rtol=0)
     torch.testing.assert_close(outputs[2], outputs[0], atol=ATOL, rtol=0)
 

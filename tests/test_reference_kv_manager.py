@@ -73,7 +73,7 @@ CORRUPTIONS: dict[str, Callable[[ReferenceKVManager], None]] = {
     "sequence holds a page twice": lambda kv: kv.sequences[1].pages.__setitem__(1, _private(kv)),
     "page table too short": lambda kv: setattr(kv.sequences[1], "num_tokens", 9),
     "unfull page committed": lambda kv: setattr(kv.sequences[1], "num_committed_pages", 3),
-    "shared page unpublished": lambda kv: kv.index.remove_page(_shared(kv)),
+    "shared page at another logical page": lambda kv: kv.sequences[2].pages.reverse(),
     "cached page without entry": lambda kv: kv.index.remove_page(_cached(kv)),
     "free page with an entry": lambda kv: _fake_entry(kv, _free(kv)),
 }
@@ -83,8 +83,9 @@ CORRUPTIONS: dict[str, Callable[[ReferenceKVManager], None]] = {
 @pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_check_invariants_catches_corruption(corrupt: Callable[[ReferenceKVManager], None]) -> None:
     """Each kind of inconsistent bookkeeping (a page in two states or on the free list twice,
-    ref counts not matching holders, a lost page, a malformed page table, a shared or cached
-    page without an entry) makes check_invariants raise InvariantViolation."""
+    ref counts not matching holders, a lost page, a malformed page table, a page shared at
+    two logical positions, a cached page without an entry) makes check_invariants raise
+    InvariantViolation."""
     kv = busy()
     corrupt(kv)
     with pytest.raises(InvariantViolation):

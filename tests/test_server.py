@@ -7,33 +7,34 @@ engine must come back to no running or waiting request and no KV page in use (SR
 from __future__ import annotations
 
 import json
-import re
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import pytest
-import torch
-import uvicorn
-from fastapi.testclient import TestClient
 from openai import OpenAI
+from server_harness import (
+    StepGate,
+    error_of,
+    metric,
+    parse_prometheus,
+    running,
+    sse_events,
+    wait_idle,
+)
 from serving_models import serving_model_dir
 
+from pagedkv.backend import load_engine
 from pagedkv.cli import build_parser
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.llm import run_to_completion
-from pagedkv.engine.outputs import EngineStats
 from pagedkv.engine.params import SamplingParams
-from pagedkv.plan import StepPlan
+from pagedkv.interfaces import Engine
 from pagedkv.server.app import create_app
 from pagedkv.server.async_engine import AsyncEngine
-from pagedkv.testing.hash_runner import HashRunner
 from pagedkv.testing.tiny_qwen3 import model_device
 
 MODEL = "test-model"
@@ -49,6 +50,7 @@ class Served:
     url: str
     bridge: AsyncEngine
     model_dir: Path
+    gate: StepGate
 
     def client(self) -> OpenAI:
         return OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
@@ -57,33 +59,12 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     model_dir = serving_model_dir(tmp_path_factory)
-    app = create_app(
-        LLMEngine.from_model_dir(model_dir, CONFIG, device=model_device()), MODEL, MAX_BODY_BYTES
-    )
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive(), "the server thread ended"
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield Served(f"http://127.0.0.1:{port}", app.state.server.engine, model_dir)
-    server.should_exit = True
-    thread.join(30)
-
-
-def wait_idle(bridge: AsyncEngine, timeout: float = 20.0) -> EngineStats:
-    """Poll until nothing runs or waits and no page is in use; the final stats."""
-    deadline = time.monotonic() + timeout
-    stats = bridge.stats()
-    while time.monotonic() < deadline:
-        stats = bridge.stats()
-        if stats.running == 0 and stats.waiting == 0 and stats.pages_in_use == 0:
-            return stats
-        time.sleep(0.02)
-    raise AssertionError(f"the engine did not become idle: {stats}")
+    engine = load_engine(model_dir, CONFIG, device=model_device())
+    gate = StepGate()
+    engine.add_step_observer(gate)
+    app = create_app(engine, MODEL, MAX_BODY_BYTES)
+    with running(app) as server:
+        yield Served(server.url, server.bridge, model_dir, gate)
 
 
 @pytest.fixture
@@ -94,50 +75,21 @@ def server(served: Served) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def reference(served: Served) -> LLMEngine:
+def reference(served: Served) -> Engine:
     """An in-process engine on the same model and config: the Python API's outputs."""
-    return LLMEngine.from_model_dir(served.model_dir, CONFIG, device=model_device())
+    return load_engine(served.model_dir, CONFIG, device=model_device())
 
 
-def offline(engine: LLMEngine, prompts: list[str | list[int]], **params: Any) -> list[str]:
+def offline(engine: Engine, prompts: list[str | list[int]], **params: Any) -> list[str]:
     outputs = run_to_completion(engine, prompts, SamplingParams(temperature=0.0, **params))
     return [o.text for o in outputs]
-
-
-def sse_events(lines: Iterator[str]) -> list[str]:
-    """The ``data:`` payloads of an event stream, ``[DONE]`` included."""
-    return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
-
-
-class HTTPResponse(Protocol):
-    """What the checks read of an httpx or test-client response."""
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def text(self) -> str: ...
-
-    def json(self) -> Any: ...
-
-
-def error_of(response: HTTPResponse, status: int) -> dict[str, Any]:
-    """The OpenAI error object of a ``status`` response (SRV-010)."""
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    error: dict[str, Any] = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str)
-    assert error["message"]
-    return error
 
 
 # -- completions and chat --------------------------------------------------------------------
 
 
 @pytest.mark.spec("SRV-001", "SRV-004")
-def test_completion_matches_python_api(server: Served, reference: LLMEngine) -> None:
+def test_completion_matches_python_api(server: Served, reference: Engine) -> None:
     client = server.client()
     result = client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
@@ -159,7 +111,7 @@ def test_completion_matches_python_api(server: Served, reference: LLMEngine) -> 
 
 @pytest.mark.spec("SRV-001")
 def test_completion_prompt_lists_give_one_choice_per_prompt(
-    server: Served, reference: LLMEngine
+    server: Served, reference: Engine
 ) -> None:
     client = server.client()
     texts = ["import os\n", "class Config:", "for i in range(3):"]
@@ -230,7 +182,7 @@ def test_stream_is_server_sent_events_ending_with_done(server: Served) -> None:
 
 
 @pytest.mark.spec("SRV-002", "SRV-003", "SRV-004")
-def test_chat_matches_llm_chat_streamed_or_not(server: Served, reference: LLMEngine) -> None:
+def test_chat_matches_llm_chat_streamed_or_not(server: Served, reference: Engine) -> None:
     client = server.client()
     messages: list[Any] = [
         {"role": "system", "content": "You write Python."},
@@ -305,7 +257,7 @@ def test_logprobs(server: Served) -> None:
 
 
 @pytest.mark.spec("SRV-007")
-def test_concurrent_requests_get_their_own_outputs(server: Served, reference: LLMEngine) -> None:
+def test_concurrent_requests_get_their_own_outputs(server: Served, reference: Engine) -> None:
     client = server.client()
     prompts = [f"def function_{i}(x):" for i in range(6)]
     expected = offline(reference, list(prompts), max_tokens=12, ignore_eos=True)
@@ -405,80 +357,82 @@ def test_request_past_the_limit_is_400(server: Served) -> None:
 
 
 @pytest.mark.spec("SRV-006", "SRV-010")
-def test_n_other_than_one_is_400(server: Served) -> None:
-    body = {"model": MODEL, "prompt": "x", "n": 2}
+def test_n_below_one_and_best_of_below_n_are_400(server: Served) -> None:
+    body = {"model": MODEL, "prompt": "x", "n": 0}
     assert error_of(httpx.post(f"{server.url}/v1/completions", json=body), 400)["param"] == "n"
+    body = {"model": MODEL, "prompt": "x", "n": 3, "best_of": 2}
+    error = error_of(httpx.post(f"{server.url}/v1/completions", json=body), 400)
+    assert error["param"] == "best_of"
 
 
 # -- request lifetime ---------------------------------------------------------------------------
 
 
 def _finished(metrics_text: str, reason: str) -> float:
-    match = re.search(
-        rf'^pagedkv_requests_finished_total\{{finish_reason="{reason}"\}} (\S+)$',
-        metrics_text,
-        re.MULTILINE,
+    return metric(
+        metrics_text, "vllm:request_success_total", model_name=MODEL, finished_reason=reason
     )
-    return float(match.group(1)) if match else 0.0
 
 
 @pytest.mark.spec("SRV-020", "SRV-022")
 def test_disconnect_mid_stream_aborts_and_frees_pages(server: Served) -> None:
-    aborted_before = _finished(httpx.get(f"{server.url}/metrics").text, "abort")
+    """The client reads the first event, checks that the request holds pages, and goes.
+
+    Two races are closed: the engine is held in the request's second step until the client
+    has gone, so the request cannot finish on its own before a slow client reads its first
+    event (nothing else holds a generation back while its client reads); and the client keeps
+    its chunk iterator until it means to go, since dropping it closes the connection, which
+    could abort the request before the check."""
+    metrics_before = httpx.get(f"{server.url}/metrics").text
     body = {
         "model": MODEL,
         "prompt": LONG_PROMPT,
         "max_tokens": 400,
         "ignore_eos": True,
         "stream": True,
+        "logprobs": 0,  # every step is an event, the text of a token or not
     }
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as response:
-        assert response.status_code == 200
-        next(response.iter_raw())
-        assert server.bridge.stats().pages_in_use > 0
+    server.gate.hold_after(2)
+    try:
+        url = f"{server.url}/v1/completions"
+        with httpx.stream("POST", url, json=body, timeout=30) as response:
+            assert response.status_code == 200
+            chunks = response.iter_raw()  # kept: dropping it would close the connection here
+            first = next(chunks)
+            assert server.gate.held.wait(10), "the second step never ran"
+            assert server.bridge.stats().pages_in_use > 0, (first, server.bridge.stats())
+    finally:
+        server.gate.release()
     stats = wait_idle(server.bridge, timeout=10)
     assert stats.pages_in_use == 0
     assert stats.running == 0
-    assert _finished(httpx.get(f"{server.url}/metrics").text, "abort") == aborted_before + 1
+    metrics_after = httpx.get(f"{server.url}/metrics").text
+    assert _finished(metrics_after, "abort") == _finished(metrics_before, "abort") + 1
+    assert _finished(metrics_after, "length") == _finished(metrics_before, "length")
 
 
 @pytest.mark.spec("SRV-021", "SRV-022")
 def test_disconnect_before_a_plain_response_aborts(server: Served) -> None:
-    aborted_before = _finished(httpx.get(f"{server.url}/metrics").text, "abort")
+    """The engine is held in the request's first step until the client has timed out."""
+    metrics_before = httpx.get(f"{server.url}/metrics").text
     body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 400, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.5)
+    server.gate.hold_after(1)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.5)
+        assert server.gate.held.is_set()
+    finally:
+        server.gate.release()
     wait_idle(server.bridge, timeout=10)
-    assert _finished(httpx.get(f"{server.url}/metrics").text, "abort") == aborted_before + 1
+    metrics_after = httpx.get(f"{server.url}/metrics").text
+    assert _finished(metrics_after, "abort") == _finished(metrics_before, "abort") + 1
+    assert _finished(metrics_after, "length") == _finished(metrics_before, "length")
 
 
 # -- operations ---------------------------------------------------------------------------------
 
-METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
-
-def parse_prometheus(text: str) -> tuple[dict[str, str], dict[str, float]]:
-    """``(types, samples)``: family name → type, and ``name{labels}`` → value; every line must
-    be a comment or a well-formed sample of a declared family."""
-    types: dict[str, str] = {}
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            types[name] = kind
-        elif line.startswith("# HELP ") or not line:
-            continue
-        else:
-            match = METRIC_LINE.match(line)
-            assert match, f"not a Prometheus sample: {line!r}"
-            name = match.group(1)
-            family = re.sub(r"_(bucket|sum|count)$", "", name)
-            assert name in types or family in types, f"{name} has no # TYPE"
-            samples[name + (match.group(2) or "")] = float(match.group(3))
-    return types, samples
-
-
-@pytest.mark.spec("SRV-031")
+@pytest.mark.spec("SRV-031", "SRV-080")
 def test_metrics_is_prometheus_text_tracking_the_engine(server: Served) -> None:
     client = server.client()
     client.completions.create(
@@ -494,16 +448,33 @@ def test_metrics_is_prometheus_text_tracking_the_engine(server: Served) -> None:
         assert samples[f"pagedkv_kv_pages_{name}"] == getattr(stats, f"pages_{name}")
     assert samples["pagedkv_kv_pages_in_use"] == 0
     assert samples["pagedkv_prefix_cache_hit_rate"] == pytest.approx(stats.hit_rate)
-    assert samples["pagedkv_requests_running"] == 0
-    assert samples["pagedkv_requests_waiting"] == 0
-    assert samples["pagedkv_preemptions_total"] == stats.preemptions
-    assert samples["pagedkv_generation_tokens_total"] >= 3
-    assert types["pagedkv_time_to_first_token_seconds"] == "histogram"
-    count = samples["pagedkv_time_to_first_token_seconds_count"]
-    assert count >= 1
-    assert samples['pagedkv_time_to_first_token_seconds_bucket{le="+Inf"}'] == count
     assert types["pagedkv_kv_pages_in_use"] == "gauge"
-    assert types["pagedkv_generation_tokens_total"] == "counter"
+    model = f'{{model_name="{MODEL}"}}'
+    assert samples[f"vllm:num_requests_running{model}"] == 0
+    assert samples[f"vllm:num_requests_waiting{model}"] == 0
+    assert samples[f"vllm:kv_cache_usage_perc{model}"] == 0
+    assert samples[f"vllm:num_preemptions_total{model}"] == stats.preemptions
+    assert samples[f"vllm:prefix_cache_queries_total{model}"] == stats.query_tokens
+    assert samples[f"vllm:prefix_cache_hits_total{model}"] == stats.hit_tokens
+    assert samples[f"vllm:generation_tokens_total{model}"] >= 3
+    assert types["vllm:generation_tokens_total"] == "counter"
+    for family in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:time_per_output_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+    ):
+        assert types[family] == "histogram"
+        count = samples[f"{family}_count{model}"]
+        assert count >= 1
+        assert samples[f'{family}_bucket{{le="+Inf",model_name="{MODEL}"}}'] == count
+    # the 3-token request: 2 gaps between its tokens
+    assert samples[f"vllm:time_per_output_token_seconds_count{model}"] >= 2
+    assert samples["process_resident_memory_bytes"] > 0  # process metrics
+    assert types["process_cpu_seconds_total"] == "counter"
 
 
 @pytest.mark.spec("SRV-030")
@@ -519,36 +490,3 @@ def test_models_and_health(server: Served) -> None:
 def test_serve_listens_on_loopback_by_default() -> None:
     args = build_parser().parse_args(["serve"])
     assert args.host == "127.0.0.1"
-
-
-class FailingRunner(HashRunner):
-    """The hash stand-in model, raising at every step while ``failing`` is set."""
-
-    failing = False
-
-    def execute(self, plan: StepPlan) -> torch.Tensor:
-        if self.failing:
-            raise RuntimeError("device lost")
-        return super().execute(plan)
-
-
-@pytest.mark.spec("SRV-023", "SRV-022")
-def test_a_failing_step_fails_its_requests_and_serving_goes_on() -> None:
-    config = EngineConfig(page_size=4, num_pages=32, max_model_len=128)
-    runner = FailingRunner(vocab_size=64, num_pages=config.num_pages, page_size=config.page_size)
-    app = create_app(LLMEngine(runner, config), MODEL, MAX_BODY_BYTES)
-    body = {"model": MODEL, "prompt": [1, 2, 3, 4, 5, 6], "max_tokens": 4}
-    with TestClient(app) as client:
-        bridge: AsyncEngine = app.state.server.engine
-        runner.failing = True
-        error_of(client.post("/v1/completions", json=body), 500)
-        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as stream:
-            events = sse_events(stream.iter_lines())
-        assert json.loads(events[0])["error"]["code"] == "engine_failure"
-        assert events[-1] == "[DONE]"
-        assert wait_idle(bridge).pages_in_use == 0
-        runner.failing = False
-        ok = client.post("/v1/completions", json=body)
-        assert ok.status_code == 200
-        assert ok.json()["usage"]["completion_tokens"] == 4
-        assert client.get("/health").status_code == 200

@@ -9,19 +9,34 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "EngineConfig", "LLMEngine", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+    "TextPrompt",
+    "TokensPrompt",
+]
 
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
     from pagedkv.engine.engine import LLMEngine
     from pagedkv.engine.llm import LLM
+    from pagedkv.engine.outputs import CompletionOutput, RequestOutput
     from pagedkv.engine.params import SamplingParams
+    from pagedkv.engine.prompts import TextPrompt, TokensPrompt
 
 _LAZY = {
     "LLM": "pagedkv.engine.llm",
     "LLMEngine": "pagedkv.engine.engine",
     "EngineConfig": "pagedkv.engine.config",
     "SamplingParams": "pagedkv.engine.params",
+    "RequestOutput": "pagedkv.engine.outputs",
+    "CompletionOutput": "pagedkv.engine.outputs",
+    "TextPrompt": "pagedkv.engine.prompts",
+    "TokensPrompt": "pagedkv.engine.prompts",
 }
 
 

@@ -7,14 +7,18 @@ zero-argument factory named ``module:factory`` (``--backend`` / ``PAGEDKV_BACKEN
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pagedkv.interfaces import KVManager, KVManagerConfig, PagedStore, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.kv.radix_index import RadixPrefixIndex
+from pagedkv.model_source import resolve_dtype, resolve_model
 
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
+    from pagedkv.engine.engine import LLMEngine
+    from pagedkv.engine.generation_config import GenerationDefaults
     from pagedkv.engine.tokenizer import Tokenizer
     from pagedkv.interfaces import Engine, StepRunner
 
@@ -31,7 +35,7 @@ class ReferenceBackend:
     name: str = "pagedkv reference"
     prefix_index: Literal["hash", "radix"] = "hash"
     capabilities: frozenset[str] = frozenset(
-        {"prefix_caching", "eviction", "reset", "paged_store", "model", "engine", "cuda"}
+        {"prefix_caching", "eviction", "reset", "fork", "paged_store", "model", "engine", "cuda"}
     )
 
     @property
@@ -54,13 +58,71 @@ class ReferenceBackend:
         *,
         tokenizer: Tokenizer | None = None,
         eos_ids: frozenset[int] = frozenset(),
-    ) -> Engine:
+        generation_defaults: GenerationDefaults | None = None,
+    ) -> LLMEngine:
+        """pagedkv's engine over ``runner``; in v1 over a fresh KVManager of this backend (the
+        only place an engine's page pool is created)."""
         from pagedkv.engine.engine import LLMEngine
 
-        kv = self.create_kv_manager(
-            KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
+        kv = None
+        if config.mode == "v1":
+            kv = self.create_kv_manager(
+                KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
+            )
+        return LLMEngine(
+            runner,
+            config,
+            kv_manager=kv,
+            tokenizer=tokenizer,
+            eos_ids=eos_ids,
+            generation_defaults=generation_defaults,
         )
-        return LLMEngine(runner, config, kv_manager=kv, tokenizer=tokenizer, eos_ids=eos_ids)
+
+    def load_engine(
+        self,
+        model_dir: str | Path | None,
+        config: EngineConfig | None = None,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        generation_config: str = "auto",
+    ) -> LLMEngine:
+        """An engine for a Hugging Face format Qwen3 checkpoint: its model (with a K/V pool in
+        v1), its tokenizer if it has one, its EOS tokens and its sampling defaults.
+
+        Args:
+            model_dir: a directory, a hub id already in the local Hugging Face cache
+                (ENG-082), or ``None`` for the embedded model.
+            dtype: ``float32``, ``bfloat16``, ``float16``, or ``auto`` for the checkpoint's
+                own (ENG-081).
+            generation_config: ``auto`` (the checkpoint's ``generation_config.json``),
+                ``vllm`` (no model defaults) or a directory holding one (ENG-080).
+
+        Raises:
+            CheckpointError: a missing or malformed file, or an id not in the cache.
+            InvalidRequest: a bad dtype or device.
+        """
+        from pagedkv.engine.config import EngineConfig
+        from pagedkv.engine.generation_config import GenerationDefaults
+        from pagedkv.engine.tokenizer import Tokenizer, eos_token_ids
+
+        config = config or EngineConfig()
+        path = resolve_model(model_dir)
+        runner = self.create_model_runner(
+            str(path),
+            num_pages=config.num_pages if config.mode == "v1" else None,
+            page_size=config.page_size,
+            dtype=resolve_dtype(dtype, path),
+            device=device,
+        )
+        tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
+        return self.create_engine(
+            runner,
+            config,
+            tokenizer=tokenizer,
+            eos_ids=eos_token_ids(path),
+            generation_defaults=GenerationDefaults.load(generation_config, path),
+        )
 
     def create_paged_store(self, config: StoreConfig) -> PagedStore:
         from pagedkv.kv.paged_store import TorchPagedStore
@@ -86,6 +148,22 @@ class ReferenceBackend:
 def reference_backend() -> ReferenceBackend:
     """Factory for ``--backend pagedkv.backend:reference_backend``."""
     return ReferenceBackend()
+
+
+def load_engine(
+    model_dir: str | Path | None,
+    config: EngineConfig | None = None,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    generation_config: str = "auto",
+) -> Engine:
+    """The reference backend's engine for a model directory (see
+    :meth:`ReferenceBackend.load_engine`), typed as the :class:`~pagedkv.interfaces.Engine`
+    Protocol its users live on."""
+    return ReferenceBackend().load_engine(
+        model_dir, config, dtype=dtype, device=device, generation_config=generation_config
+    )
 
 
 def radix_backend() -> ReferenceBackend:

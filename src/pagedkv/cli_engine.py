@@ -11,13 +11,11 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagedkv.errors import CheckpointError
-
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
-    from pagedkv.engine.engine import LLMEngine
+    from pagedkv.interfaces import Engine
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
 #: Width of wrapped help text, characters.
 HELP_WIDTH = 79
 
@@ -73,7 +71,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="most positions one sequence may reach, prompt included (default 2048)",
     )
     group.add_argument(
-        "--dtype", choices=DTYPES, default="float32", help="parameter dtype (default float32)"
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="parameter dtype; auto takes the checkpoint's (config.json dtype or torch_dtype) "
+        "(default float32)",
     )
     group.add_argument(
         "--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)"
@@ -83,28 +85,26 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not reuse cached KV pages across requests",
     )
+    group.add_argument(
+        "--max-step-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="times the requests of a step whose model run failed are run again, the last "
+        "time each alone, before they fail (default 2)",
+    )
 
 
 def resolve_model_dir(value: str | None) -> Path:
-    """The model directory a ``--model`` value names (the embedded model for ``None``).
+    """The model directory a ``--model`` value names: a directory, a hub id in the local
+    Hugging Face cache, or the embedded model for ``None``.
 
     Raises:
-        CheckpointError: the directory does not exist, or the embedded model is missing.
+        CheckpointError: no such directory or cached id, or the embedded model is missing.
     """
-    if value is None:
-        from pagedkv.assets import default_model_dir, has_default_model
+    from pagedkv.model_source import resolve_model
 
-        if not has_default_model():
-            raise CheckpointError(
-                "the embedded default model is missing from this installation; pass --model DIR"
-            )
-        return default_model_dir()
-    path = Path(value)
-    if not path.exists():
-        raise CheckpointError(f"model directory {value} does not exist")
-    if not path.is_dir():
-        raise CheckpointError(f"{value} is not a directory")
-    return path
+    return resolve_model(value)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -122,17 +122,32 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
+        max_step_retries=args.max_step_retries,
     )
 
 
-def load_engine(model_dir: Path, config: EngineConfig, args: argparse.Namespace) -> LLMEngine:
-    """Load the checkpoint in ``model_dir`` with ``--dtype`` and ``--device``.
+def load_engine(
+    model_dir: Path,
+    config: EngineConfig,
+    args: argparse.Namespace,
+    generation_config: str = "auto",
+) -> Engine:
+    """Load the checkpoint in ``model_dir`` with ``--dtype`` and ``--device``; the sampling
+    defaults of ``generation_config`` (``auto``, ``vllm`` or a directory, see
+    :meth:`~pagedkv.engine.generation_config.GenerationDefaults.load`) apply to requests that
+    leave a field out (``generate`` passes every field, so it takes none).
 
     Raises:
         CheckpointError: a missing or malformed file (``UnsupportedModel`` for an architecture
             pagedkv does not implement).
         InvalidRequest: a bad dtype or device.
     """
-    from pagedkv.engine.engine import LLMEngine
+    from pagedkv.backend import load_engine as load_reference_engine
 
-    return LLMEngine.from_model_dir(model_dir, config, dtype=args.dtype, device=args.device)
+    return load_reference_engine(
+        model_dir,
+        config,
+        dtype=args.dtype,
+        device=args.device,
+        generation_config=generation_config,
+    )

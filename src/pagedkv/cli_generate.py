@@ -21,9 +21,9 @@ from pagedkv.cli_engine import (
 from pagedkv.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from pagedkv.engine.engine import LLMEngine
     from pagedkv.engine.outputs import RequestOutput
     from pagedkv.engine.params import SamplingParams
+    from pagedkv.interfaces import Engine
 
 EXAMPLES = """\
 examples:
@@ -179,7 +179,7 @@ def read_prompts(args: argparse.Namespace, stdin: TextIO) -> list[PromptRecord]:
     return records
 
 
-def engine_prompt(engine: LLMEngine, record: PromptRecord, system: str | None) -> str | list[int]:
+def engine_prompt(engine: Engine, record: PromptRecord, system: str | None) -> str | list[int]:
     """What ``add_request`` takes for ``record``: text, or token ids of a rendered chat."""
     if not record.chat:
         return record.source  # type: ignore[return-value]
@@ -204,6 +204,7 @@ def output_json(index: int, record: PromptRecord, output: RequestOutput) -> str:
             "text": output.text,
             "token_ids": list(output.token_ids),
             "finish_reason": str(output.finish_reason) if output.finish_reason else None,
+            "error": output.error,
             "metrics": {
                 "prompt_tokens": metrics.prompt_tokens,
                 "cached_tokens": metrics.cached_tokens,
@@ -217,7 +218,7 @@ def output_json(index: int, record: PromptRecord, output: RequestOutput) -> str:
     )
 
 
-def _shown(engine: LLMEngine, text: str, token_ids: Sequence[int]) -> str:
+def _shown(engine: Engine, text: str, token_ids: Sequence[int]) -> str:
     """Text, or the token ids when the model has no tokenizer."""
     return text if engine.tokenizer is not None else " ".join(str(t) for t in token_ids)
 
@@ -234,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
     engine = load_engine(model_dir, config, args)
     prompts = [engine_prompt(engine, r, args.system) for r in records]
     out = sys.stdout
+    errors: list[tuple[int, str]] = []
     if args.stream:
         for index, prompt in enumerate(prompts):
             if len(prompts) > 1:
@@ -243,11 +245,15 @@ def run(args: argparse.Namespace) -> int:
                 if engine.tokenizer is None and step.new_token_ids and not step.finished:
                     out.write(" ")
                 out.flush()
+                if step.error is not None:
+                    errors.append((index, step.error))
             out.write("\n")
-        return 0
+        return _report_failures(errors)
     progress = not args.no_progress and sys.stderr.isatty()
     outputs = run_to_completion(engine, prompts, params, use_tqdm=progress)
     for index, (record, output) in enumerate(zip(records, outputs, strict=True)):
+        if output.error is not None:
+            errors.append((index, output.error))
         if args.json:
             out.write(output_json(index, record, output) + "\n")
             continue
@@ -255,4 +261,12 @@ def run(args: argparse.Namespace) -> int:
             out.write(f"### {index}\n")
         out.write(_shown(engine, output.text, output.token_ids) + "\n")
     out.flush()
-    return 0
+    return _report_failures(errors)
+
+
+def _report_failures(errors: list[tuple[int, str]]) -> int:
+    """One stderr line per prompt whose request failed (finish reason ``error``); the exit
+    status: 1 if any did, else 0."""
+    for index, error in errors:
+        print(f"pagedkv generate: prompt {index} failed: {error}", file=sys.stderr)
+    return 1 if errors else 0

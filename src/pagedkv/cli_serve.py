@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from pagedkv.cli_engine import (
@@ -15,19 +17,33 @@ from pagedkv.cli_engine import (
     wrap,
 )
 from pagedkv.errors import InvalidRequest
+from pagedkv.server.admission import (
+    DEFAULT_MAX_PROMPTS_PER_REQUEST,
+    DEFAULT_MAX_WAITING_REQUESTS,
+    AdmissionLimits,
+)
+from pagedkv.server.reasoning import REASONING_PARSERS
 
-#: Default bound of a request body, bytes (as ``pagedkv.server.app.DEFAULT_MAX_BODY_BYTES``).
+#: Defaults of the HTTP flags, as in ``pagedkv.server.app`` and ``pagedkv.server.http`` (which
+#: import FastAPI and uvicorn: only loaded when serving, so that ``--help`` stays fast).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30
+DEFAULT_LOG_STATS_INTERVAL_S = 10.0
+#: Environment variable read for an API key when no ``--api-key`` is given.
+API_KEY_ENV = "PAGEDKV_API_KEY"
 
 EXAMPLES = """\
 endpoints:
   POST /v1/completions, POST /v1/chat/completions (OpenAI schemas, stream=true for SSE),
-  GET /v1/models, GET /health, GET /metrics (Prometheus text format)
+  GET /v1/models, POST /tokenize, POST /detokenize, GET /version, GET /health,
+  GET /metrics (Prometheus text format, vLLM's metric names)
 
 example:
   pagedkv serve --port 8000 &
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
-    -d '{"model": "pagedkv-default", "prompt": "def main():", "max_tokens": 32}'
+    -d '{"prompt": "def main():", "max_tokens": 32}'
 """
 
 
@@ -43,6 +59,22 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_flag(parser)
+    _add_http_flags(parser)
+    _add_admission_flags(parser)
+    _add_auth_flags(parser)
+    add_engine_flags(parser)
+    parser.add_argument(
+        "--generation-config",
+        metavar="SOURCE",
+        default="auto",
+        help="sampling defaults for fields a request leaves out: auto (the model's "
+        "generation_config.json), vllm (none: OpenAI's defaults), or a directory holding a "
+        "generation_config.json (default auto)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def _add_http_flags(parser: argparse.ArgumentParser) -> None:
     http = parser.add_argument_group("http")
     http.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
@@ -52,8 +84,9 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         "--served-model-name",
         metavar="NAME",
         default=None,
-        help="the model name clients must send (default: the model directory's name, or "
-        "pagedkv-default for the embedded model)",
+        help="the model name in responses and /v1/models; a request's 'model' may be absent "
+        "or this name (default: the model directory's name, or pagedkv-default for the "
+        "embedded model)",
     )
     http.add_argument(
         "--max-body-bytes",
@@ -63,33 +96,140 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         help=f"larger request bodies are refused with 413 (default {DEFAULT_MAX_BODY_BYTES})",
     )
     http.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        metavar="SECONDS",
+        help="close a connection whose request headers are not in within this time "
+        f"(default {DEFAULT_HEADER_TIMEOUT_S:g})",
+    )
+    http.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        metavar="SECONDS",
+        help="close a connection whose request body is not in within this time after its "
+        f"headers (default {DEFAULT_BODY_TIMEOUT_S:g})",
+    )
+    http.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, stop admitting and let requests in flight finish for this "
+        f"long, then abort them (default {DEFAULT_SHUTDOWN_TIMEOUT_S})",
+    )
+    http.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help="split chat replies' thinking into reasoning_content, streamed as its own "
+        "deltas (qwen3: <think>...</think>, as vLLM's); the tokenizer must have the think "
+        "tokens",
+    )
+    http.add_argument(
         "--log-level",
         choices=("critical", "error", "warning", "info", "debug"),
         default="info",
         help="server log level (default info)",
     )
-    add_engine_flags(parser)
-    parser.set_defaults(handler=run)
+    http.add_argument(
+        "--log-stats-interval",
+        type=float,
+        default=DEFAULT_LOG_STATS_INTERVAL_S,
+        metavar="SECONDS",
+        help="log a throughput line this often; 0 for never "
+        f"(default {DEFAULT_LOG_STATS_INTERVAL_S:g})",
+    )
+
+
+def _add_admission_flags(parser: argparse.ArgumentParser) -> None:
+    admission = parser.add_argument_group("admission")
+    admission.add_argument(
+        "--max-prompts-per-request",
+        type=int,
+        default=DEFAULT_MAX_PROMPTS_PER_REQUEST,
+        metavar="N",
+        help="a completions request with more prompts is refused with 400 "
+        f"(default {DEFAULT_MAX_PROMPTS_PER_REQUEST})",
+    )
+    admission.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=DEFAULT_MAX_WAITING_REQUESTS,
+        metavar="N",
+        help="a request that would make more requests wait for the engine is refused with 429 "
+        f"and Retry-After (default {DEFAULT_MAX_WAITING_REQUESTS})",
+    )
+    admission.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="abort a request not finished this long after it was accepted (504, or an "
+        "error event in a stream); default: no deadline",
+    )
+
+
+def _add_auth_flags(parser: argparse.ArgumentParser) -> None:
+    auth = parser.add_argument_group("authentication")
+    auth.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health (401 "
+        f"otherwise); repeat for several keys; default: ${API_KEY_ENV} if set, else none",
+    )
+    auth.add_argument(
+        "--cache-salt-per-api-key",
+        action="store_true",
+        help="give each API key its own prefix cache: tenants never share KV pages, so "
+        "cached_tokens and timing reveal nothing of another key's prompts",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the model and serve until interrupted; returns the exit status."""
+    from pagedkv.assets import DEFAULT_MODEL_NAME
+    from pagedkv.server.app import ServerConfig, create_app
+    from pagedkv.server.http import HTTPOptions, Server
+
     if args.max_body_bytes < 1:
         raise InvalidRequest(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
-    if not 0 <= args.port <= 65535:
-        raise InvalidRequest(f"--port must be in [0, 65535], got {args.port}")
+    api_keys = tuple(args.api_key or ())
+    if not api_keys and os.environ.get(API_KEY_ENV):
+        api_keys = (os.environ[API_KEY_ENV],)
+    server_config = ServerConfig(
+        limits=AdmissionLimits(
+            max_prompts_per_request=args.max_prompts_per_request,
+            max_waiting_requests=args.max_waiting_requests,
+            request_timeout_s=args.request_timeout,
+        ),
+        api_keys=api_keys,
+        cache_salt_per_api_key=args.cache_salt_per_api_key,
+        log_stats_interval_s=args.log_stats_interval or None,
+        reasoning_parser=args.reasoning_parser,
+    )
+    options = HTTPOptions(
+        host=args.host,
+        port=args.port,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        shutdown_timeout_s=args.shutdown_timeout,
+        log_level=args.log_level,
+    )
     config = engine_config(args)
     model_dir = resolve_model_dir(args.model)
-    import uvicorn
-
-    from pagedkv.assets import DEFAULT_MODEL_NAME
-    from pagedkv.server.app import create_app
-
-    engine = load_engine(model_dir, config, args)
-    name = args.served_model_name or (
-        DEFAULT_MODEL_NAME if args.model is None else model_dir.resolve().name
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pagedkv").setLevel(args.log_level.upper())
+    engine = load_engine(model_dir, config, args, args.generation_config)
+    name = args.served_model_name or DEFAULT_MODEL_NAME
+    if args.model is not None:  # a hub id is served under its id, as vLLM does
+        name = model_dir.resolve().name if Path(args.model).is_dir() else args.model
+    app = create_app(engine, name, args.max_body_bytes, config=server_config)
+    logging.getLogger("pagedkv.server").info(
+        "listening on http://%s:%d/v1", options.host, options.port
     )
-    app = create_app(engine, name, args.max_body_bytes)
-    print(f"pagedkv: serving {name!r} on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    Server(app, options).run()
     return 0

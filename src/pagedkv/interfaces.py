@@ -15,7 +15,7 @@ This module must stay importable without torch, so a KVManager backend never pul
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     import torch
 
     from pagedkv.engine.config import EngineConfig
-    from pagedkv.engine.outputs import EngineStats, RequestOutput
+    from pagedkv.engine.generation_config import GenerationDefaults
+    from pagedkv.engine.outputs import EngineStats, RequestOutput, StepReport
     from pagedkv.engine.params import SamplingParams
+    from pagedkv.engine.prompts import PromptType
     from pagedkv.engine.tokenizer import Tokenizer
     from pagedkv.plan import StepPlan
 
@@ -41,6 +43,7 @@ CAPABILITIES: frozenset[str] = frozenset(
         "model",  # create_model_runner runs a Qwen3 checkpoint (golden tests)
         "engine",  # create_engine returns an Engine
         "cuda",  # the store / model can run on a CUDA device
+        "fork",  # create_kv_manager returns a ForkingKVManager (KVM-037..039)
     }
 )
 
@@ -116,6 +119,63 @@ class Allocation:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """What :meth:`KVManager.match_prefix` found for a prompt: the one lookup an admission
+    needs, which :meth:`KVManager.allocate` then takes instead of matching again (KVM-033..036).
+
+    Attributes:
+        token_ids: the prompt looked up.
+        cache_salt: the salt it was looked up under.
+        hit_pages: physical pages holding the prompt's leading committed full pages, in order:
+            the pages ``allocate`` would hold (KVM-032), at most ``(len(token_ids) - 1) //
+            page_size`` of them (KVM-025).
+        num_cached_tokens: tokens those pages hold (``len(hit_pages) * page_size``).
+        num_in_flight_tokens: tokens of the full pages right after the hits that a live
+            sequence was allocated for, with the same salt and the same tokens up to the end of
+            the page, and has not committed yet: they are being computed. Reported, never hit
+            (KVM-021); a multiple of the page size, within the KVM-025 limit (KVM-036).
+        state: opaque token of the manager's state when the match was taken. Only the manager
+            that issued it reads it: ``allocate`` refuses the match with
+            :class:`~pagedkv.errors.StaleMatch` once that state has changed (KVM-035).
+    """
+
+    token_ids: tuple[int, ...]
+    cache_salt: str | None
+    hit_pages: tuple[int, ...]
+    num_cached_tokens: int
+    num_in_flight_tokens: int
+    state: object
+
+
+@dataclass(frozen=True, slots=True)
+class PageCopy:
+    """A page whose K/V must be copied before a sequence uses it (KVM-037).
+
+    Attributes:
+        src: the physical page to read.
+        dst: the physical page to write, a fresh page of the sequence that needs the copy.
+    """
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fork:
+    """What :meth:`ForkingKVManager.fork` did.
+
+    Attributes:
+        page_table: the new sequence's page table.
+        copies: pages whose K/V the caller must copy (through the PagedStore) before either
+            sequence writes into them: the parent's partial last page into the new sequence's
+            own page; empty when the reservation ends on a page boundary.
+    """
+
+    page_table: PageTable
+    copies: tuple[PageCopy, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class KVStats:
     """A snapshot of a KVManager's accounting (KVM-030).
 
@@ -169,7 +229,19 @@ class KVManager(Protocol):
         """Tokens ``allocate`` would serve from the cache for this prompt right now.
 
         A pure query: nothing moves, statistics included. Always a multiple of the page size
-        and at most ``len(token_ids) - 1`` (KVM-025).
+        and at most ``len(token_ids) - 1`` (KVM-025). Equals
+        ``match_prefix(token_ids, cache_salt).num_cached_tokens`` (KVM-033).
+        """
+        ...
+
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
+        """Look the prompt up once: the pages ``allocate`` would hit, and the pages right after
+        them that live sequences are still computing for the same prefix (KVM-033, KVM-036).
+
+        A pure query, like :meth:`cached_prefix_length`. Pass the result to ``allocate`` to open
+        the sequence without a second lookup; it is valid until the next successful
+        ``allocate``, ``grow``, ``commit``, ``free`` or ``reset_prefix_cache`` (KVM-034,
+        KVM-035).
         """
         ...
 
@@ -179,12 +251,19 @@ class KVManager(Protocol):
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
         """Open sequence ``seq_id`` for the prompt ``token_ids``.
 
         Takes the longest verified cached prefix of full pages, then reserves pages for
         ``num_new_tokens`` more positions after it (the first prefill chunk). All or nothing:
         on :class:`~pagedkv.errors.OutOfPages` no count, page or LRU position has moved.
+
+        With ``match`` (from :meth:`match_prefix` on this manager, for this prompt and salt, with
+        no state change since) the prefix is the match's hit pages and no lookup is repeated;
+        any other match raises :class:`~pagedkv.errors.StaleMatch`, changing nothing
+        (KVM-034, KVM-035).
 
         Preconditions: ``seq_id`` holds no pages; ``token_ids`` is non-empty;
         ``num_new_tokens >= 1``.
@@ -239,6 +318,33 @@ class KVManager(Protocol):
         ...
 
 
+@runtime_checkable
+class ForkingKVManager(KVManager, Protocol):
+    """A KVManager that can fork a sequence (the ``fork`` capability, KVM-037..039).
+
+    Parallel sampling runs ``n`` sequences from one prompt: the prompt is computed once and the
+    sequence forked ``n - 1`` times, sharing its pages instead of computing them again.
+    """
+
+    def fork(self, seq_id: int, new_seq_id: int) -> Fork:
+        """Open ``new_seq_id`` as a copy of live sequence ``seq_id``'s reservation.
+
+        Every full page is shared (one more holder, nothing copied). A partial last page
+        would be written by both sequences, so the new sequence gets a fresh page in its
+        place and the result names the copy to make (``PageCopy(parent's page, fresh page)``);
+        the manager never touches a tensor. The new sequence continues the parent's prefix
+        chain: pages the parent committed count as committed for it.
+
+        Precondition: every reserved position of ``seq_id`` has its K/V written (the caller
+        forks after the step that computed them). All or nothing: an unknown or freed
+        ``seq_id`` (:class:`~pagedkv.errors.UnknownSequence`,
+        :class:`~pagedkv.errors.DoubleFree`), a ``new_seq_id`` that holds pages
+        (:class:`~pagedkv.errors.DuplicateSequence`) or no page for the copy
+        (:class:`~pagedkv.errors.OutOfPages`) raises, changing nothing (KVM-038).
+        """
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
     """Shape of a PagedStore's page pool.
@@ -262,11 +368,20 @@ class StoreConfig:
     device: str = "cpu"
 
 
+class AttentionMetadata(Protocol):
+    """What :meth:`PagedStore.prepare` returns and :meth:`PagedStore.attention` takes back for
+    every layer of one step. Opaque to everyone but the store that made it: each store defines
+    its own frozen type."""
+
+
 @runtime_checkable
 class PagedStore(Protocol):
     """The cleaner: writes K/V into page tensors at slots and reads them back for attention.
 
     It never decides which page belongs to whom: slots and page tables come from the plan.
+    Per step: ``metadata = prepare(batch)`` once (every check and all host work), then per
+    layer ``write(layer, slots, key, value)`` and ``attention(layer, query, metadata, scale)``,
+    neither of which synchronises with the device (PST-016).
     """
 
     @property
@@ -277,21 +392,39 @@ class PagedStore(Protocol):
     def write(
         self, layer: int, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     ) -> None:
-        """Store ``key[i]`` and ``value[i]`` (``[num_kv_heads, head_dim]``) at ``slots[i]``."""
+        """Store ``key[i]`` and ``value[i]`` (``[num_kv_heads, head_dim]``) at ``slots[i]``.
+
+        No host synchronisation: ``slots`` must lie in the pool, which :meth:`prepare` checks
+        once for a step's ``slot_mapping``."""
         ...
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V stored at ``slots``, shaped ``[len(slots), num_kv_heads, head_dim]``."""
         ...
 
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy, in every layer, the K and V of page ``src[i]`` into page ``dst[i]`` (PST-006).
+
+        ``src`` and ``dst`` are 1-D integer tensors of equal length; the ``dst`` pages are
+        distinct and none is a ``src`` page. This is how a fork's partial page becomes the new
+        sequence's own (KVM-037): the KVManager names the copy, the store makes it."""
+        ...
+
+    def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
+        """Check ``batch`` once (offsets, context lengths, pages and slots against the pool,
+        raising :class:`~pagedkv.errors.InvalidRequest`) and lay out its attention: the
+        immutable metadata every layer of the step passes to :meth:`attention`."""
+        ...
+
     def attention(
         self,
         layer: int,
         query: torch.Tensor,
-        batch: AttentionBatch,
+        metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        """Causal attention of ``query`` ``[T, num_heads, head_dim]`` over paged K/V.
+        """Causal attention of ``query`` ``[T, num_heads, head_dim]`` over paged K/V, for the
+        batch ``metadata`` was prepared from.
 
         Sequence ``b`` owns query rows ``query_start[b]:query_start[b+1]``; they are its last
         positions, so its row ``j`` sees context positions ``0..context_len - q_len + j``.
@@ -309,11 +442,16 @@ class AttentionBatch:
         context_lens: ``[B]`` int64 positions each sequence attends to, this step's included.
         page_tables: ``[B, max_pages]`` int64 physical pages, padded past each sequence's
             ``ceil(context_len / page_size)`` pages; ``None`` when the step uses no cache (v0).
+        slot_mapping: ``[T]`` int64 flat slots the step's K/V are written to (``T`` the
+            rows); ``None`` when the step uses no cache, or when the batch is only read.
+            :meth:`PagedStore.prepare` checks them against the pool once, so that
+            :meth:`PagedStore.write` need not.
     """
 
     query_start: torch.Tensor
     context_lens: torch.Tensor
     page_tables: torch.Tensor | None
+    slot_mapping: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -368,12 +506,29 @@ class StepRunner(Protocol):
 class Engine(Protocol):
     """Orchestration: decides what runs each step and hands the model an explicit plan.
 
-    Requirements ENG-001.. in ``specs/engine.md``.
+    Everything its users (the server, the command line, the benchmarks) need is here, so none
+    of them depends on an implementation. Requirements ENG-001.. in ``specs/engine.md``.
     """
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The model's tokenizer, ``None`` when it has none (then prompts are token ids)."""
+        ...
+
+    @property
+    def max_model_len(self) -> int:
+        """Most positions one sequence may reach, prompt included (ENG-033, ENG-034)."""
+        ...
+
+    @property
+    def generation_defaults(self) -> GenerationDefaults:
+        """The model's sampling defaults, which a request without its own values takes
+        (ENG-080)."""
+        ...
 
     def add_request(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         request_id: str | None = None,
@@ -396,7 +551,7 @@ class Engine(Protocol):
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         cache_salt: str | None = None,
@@ -406,6 +561,15 @@ class Engine(Protocol):
 
     def stats(self) -> EngineStats:
         """Engine-wide counters."""
+        ...
+
+    def add_step_observer(self, observer: Callable[[StepReport], None]) -> None:
+        """Call ``observer`` after every step that ran, with what it did and what it took
+        (ENG-051)."""
+        ...
+
+    def remove_step_observer(self, observer: Callable[[StepReport], None]) -> None:
+        """Stop calling ``observer``."""
         ...
 
     def check_invariants(self) -> None:

@@ -1,19 +1,23 @@
 """The step plan: everything the model needs to run one step, and nothing else.
 
-The engine builds a :class:`StepPlan` each step; the model reads and writes the KV cache only by
-what the plan says. The v0 path (no cache: the whole sequence recomputed every step) and the v1
-path (paged KV cache: only uncached tokens computed) run the same model code and differ only in
-the plan: a v0 plan has no slots and no page tables.
+The scheduler builds a :class:`StepPlan` each step; the model reads and writes the KV cache only
+by what the plan says. Each cache mode has its builder: :func:`build_paged_plan` (v1: only
+uncached tokens are computed, their K/V written at the plan's slots and read back through its
+page tables) and :func:`build_recompute_plan` (v0: every sequence is recomputed from position 0
+and the plan has no slots and no page tables). Both validate their chunks here, once, so the
+model and the store never re-check a plan's ranges per layer.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import AttentionBatch
+from pagedkv.interfaces import AttentionBatch, PageCopy
 
 
 @dataclass(frozen=True)
@@ -26,17 +30,26 @@ class StepPlan:
     Attributes:
         input_ids: ``[T]`` int64 token ids, sequence by sequence.
         positions: ``[T]`` int64 position of each token in its own sequence.
-        slot_mapping: ``[T]`` int64 flat KV slot each token's K/V is written to, or ``None``
-            for a step that uses no cache (v0): then attention sees only this step's tokens.
-        attention: which rows belong to which sequence, their context lengths and page tables.
-        logits_indices: ``[B]`` int64 rows whose logits are wanted (each sequence's last row).
+        attention: which rows belong to which sequence, their context lengths, and (v1) their
+            page tables and the slots this step's K/V are written to.
+        logits_indices: int64 rows whose logits are wanted: each sequence's last row, or all
+            its rows for a chunk whose ``all_logits`` is set, in sequence order.
+        page_copies: ``[2, C]`` int64 pages to copy before the step writes anything: row 0
+            the sources, row 1 the targets (the partial pages of forked sequences, KVM-037);
+            ``None`` when there is nothing to copy.
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    slot_mapping: torch.Tensor | None
     attention: AttentionBatch
     logits_indices: torch.Tensor
+    page_copies: torch.Tensor | None = None
+
+    @property
+    def slot_mapping(self) -> torch.Tensor | None:
+        """``[T]`` int64 flat KV slot each token's K/V is written to, or ``None`` for a step
+        that uses no cache (v0): then attention sees only this step's tokens."""
+        return self.attention.slot_mapping
 
     @property
     def num_tokens(self) -> int:
@@ -46,12 +59,7 @@ class StepPlan:
     @property
     def num_seqs(self) -> int:
         """``B``: sequences in the step."""
-        return int(self.logits_indices.shape[0])
-
-    @property
-    def uses_cache(self) -> bool:
-        """Whether K/V are written to and read from a PagedStore (v1) or not (v0)."""
-        return self.slot_mapping is not None
+        return int(self.attention.context_lens.shape[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,65 +71,117 @@ class SeqChunk:
         start_position: position of ``token_ids[0]`` in the sequence; the tokens before it
             already have K/V in the cache (v1) or are absent (v0, where it is always 0).
         pages: the sequence's page table (physical pages), empty for v0.
+        all_logits: the logits of every row are wanted (prompt log-probabilities), not only
+            the last row's.
     """
 
     token_ids: tuple[int, ...]
     start_position: int
     pages: tuple[int, ...] = ()
+    all_logits: bool = False
 
 
-def build_plan(
-    chunks: list[SeqChunk], page_size: int | None, device: torch.device | str = "cpu"
-) -> StepPlan:
-    """Flatten ``chunks`` into a :class:`StepPlan`.
+@dataclass(frozen=True, slots=True)
+class _Flat:
+    """The mode-independent part of a plan, as host lists."""
 
-    ``page_size=None`` builds a cache-less (v0) plan, which requires every chunk to start at
-    position 0. Otherwise each chunk's pages must cover its context.
-    """
+    ids: list[int]
+    positions: list[int]
+    starts: list[int]
+    context_lens: list[int]
+    logits_rows: list[int]
+
+
+def _flatten(chunks: Sequence[SeqChunk]) -> _Flat:
     if not chunks:
         raise InvalidRequest("a step plan needs at least one sequence")
-    ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    starts = [0]
-    context_lens: list[int] = []
+    flat = _Flat([], [], [0], [], [])
     for chunk in chunks:
         if not chunk.token_ids:
             raise InvalidRequest("every scheduled sequence must compute at least one token")
+        if chunk.start_position < 0:
+            raise InvalidRequest(f"start position {chunk.start_position} is negative")
         end = chunk.start_position + len(chunk.token_ids)
-        ids.extend(chunk.token_ids)
-        positions.extend(range(chunk.start_position, end))
-        starts.append(len(ids))
-        context_lens.append(end)
-        if page_size is None:
-            if chunk.start_position != 0:
-                raise InvalidRequest("a cache-less plan recomputes whole sequences from 0")
-            continue
-        if len(chunk.pages) * page_size < end:
-            raise InvalidRequest(f"{len(chunk.pages)} pages cannot hold {end} positions")
-        slots.extend(
-            chunk.pages[p // page_size] * page_size + p % page_size
-            for p in range(chunk.start_position, end)
-        )
+        flat.ids.extend(chunk.token_ids)
+        flat.positions.extend(range(chunk.start_position, end))
+        first = len(flat.ids) - len(chunk.token_ids) if chunk.all_logits else len(flat.ids) - 1
+        flat.logits_rows.extend(range(first, len(flat.ids)))
+        flat.starts.append(len(flat.ids))
+        flat.context_lens.append(end)
+    return flat
 
-    def tensor(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=device)
 
-    page_tables: torch.Tensor | None = None
-    if page_size is not None:
-        width = max(len(c.pages) for c in chunks)
-        page_tables = tensor(
-            [p for c in chunks for p in (*c.pages, *([0] * (width - len(c.pages))))]
-        ).view(len(chunks), width)
-    query_start = tensor(starts)
+def _tensor(values: list[int] | list[list[int]], device: torch.device | str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def _plan(
+    flat: _Flat,
+    device: torch.device | str,
+    page_tables: torch.Tensor | None,
+    slot_mapping: torch.Tensor | None,
+) -> StepPlan:
+    query_start = _tensor(flat.starts, device)
     return StepPlan(
-        input_ids=tensor(ids),
-        positions=tensor(positions),
-        slot_mapping=tensor(slots) if page_size is not None else None,
+        input_ids=_tensor(flat.ids, device),
+        positions=_tensor(flat.positions, device),
         attention=AttentionBatch(
             query_start=query_start,
-            context_lens=tensor(context_lens),
+            context_lens=_tensor(flat.context_lens, device),
             page_tables=page_tables,
+            slot_mapping=slot_mapping,
         ),
-        logits_indices=query_start[1:] - 1,
+        logits_indices=_tensor(flat.logits_rows, device),
     )
+
+
+def build_paged_plan(
+    chunks: Sequence[SeqChunk],
+    page_size: int,
+    device: torch.device | str = "cpu",
+    copies: Sequence[PageCopy] = (),
+) -> StepPlan:
+    """Flatten ``chunks`` into a plan over a paged KV cache (v1).
+
+    Each chunk's pages must cover its context (positions ``0..start + len(token_ids) - 1``);
+    the slots of its new tokens are computed here from its pages. ``copies`` are made before
+    the step writes anything.
+
+    Raises:
+        InvalidRequest: no chunk, an empty chunk, a negative start, or pages that do not cover
+            a chunk's context.
+    """
+    if page_size < 1:
+        raise InvalidRequest(f"page_size must be >= 1, got {page_size}")
+    flat = _flatten(chunks)
+    slots: list[int] = []
+    for chunk, end in zip(chunks, flat.context_lens, strict=True):
+        pages = chunk.pages
+        if len(pages) * page_size < end:
+            raise InvalidRequest(f"{len(pages)} pages cannot hold {end} positions")
+        slots.extend(
+            pages[p // page_size] * page_size + p % page_size
+            for p in range(chunk.start_position, end)
+        )
+    width = max(len(c.pages) for c in chunks)
+    tables = [[*c.pages, *([0] * (width - len(c.pages)))] for c in chunks]
+    plan = _plan(flat, device, _tensor(tables, device), _tensor(slots, device))
+    if not copies:
+        return plan
+    pairs = [[c.src for c in copies], [c.dst for c in copies]]
+    return dataclasses.replace(plan, page_copies=_tensor(pairs, device))
+
+
+def build_recompute_plan(
+    chunks: Sequence[SeqChunk], device: torch.device | str = "cpu"
+) -> StepPlan:
+    """Flatten ``chunks`` into a cache-less plan (v0): every chunk is a whole sequence from
+    position 0, and attention sees only the step's own rows.
+
+    Raises:
+        InvalidRequest: no chunk, an empty chunk, or a chunk not starting at position 0.
+    """
+    for chunk in chunks:
+        if chunk.start_position != 0:
+            raise InvalidRequest("a cache-less plan recomputes whole sequences from 0")
+    return _plan(_flatten(chunks), device, None, None)

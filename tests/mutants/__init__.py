@@ -25,7 +25,11 @@ from . import kv, store
 from .backend import ALL_CAPABILITIES, MutantBackend
 from .variants import RadixKVManager, ReattachingKVManager
 
-KV_SUITE = ("pagedkv_conformance.test_kv_manager", "pagedkv_conformance.test_kv_state_machine")
+KV_SUITE = (
+    "pagedkv_conformance.test_kv_manager",
+    "pagedkv_conformance.test_kv_match",
+    "pagedkv_conformance.test_kv_state_machine",
+)
 VARIANT_SUITE = ("pagedkv_conformance.test_kv_variants",)
 STORE_SUITE = ("pagedkv_conformance.test_paged_store",)
 ENGINE_SUITE = ("pagedkv_conformance.test_engine",)
@@ -87,6 +91,8 @@ MUTANTS: dict[str, Mutant] = {
     "salt_blind": _kv("ignore the salt", kv.SaltBlind),
     "unverified_hash": _kv("trust a weak hash", kv.UnverifiedHash),
     "partial_grow": _kv("keep pages of a failed grow", kv.PartialGrow),
+    "in_flight_blind": _kv("report no page in flight", kv.InFlightBlind),
+    "stale_match_taken": _kv("allocate from a stale match", kv.StaleMatchTaken),
     "empty_lookup_is_zero": _kv("empty cached_prefix_length is 0", kv.EmptyLookupIsZero, 7),
     "salt_by_identity": _kv("compare salts by identity", kv.SaltByIdentity, 7),
     "radix_declared_as_block": Mutant(

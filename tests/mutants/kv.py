@@ -6,10 +6,11 @@ them by behaviour seen through the Protocol alone, as it would a third-party bac
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from pagedkv.errors import OutOfPages
-from pagedkv.interfaces import Allocation, KVManagerConfig, PageTable
+from pagedkv.interfaces import Allocation, KVManagerConfig, PageTable, PrefixMatch
 from pagedkv.kv.manager import ReferenceKVManager, SequenceState
 from pagedkv.kv.page_pool import PagePool
 from pagedkv.kv.prefix_index import PrefixEntry, PrefixIndex
@@ -51,8 +52,10 @@ class PublishBeforeCommit(_Mutant):
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
-        alloc = super().allocate(seq_id, token_ids, num_new_tokens, cache_salt)
+        alloc = super().allocate(seq_id, token_ids, num_new_tokens, cache_salt, match=match)
         self.commit(seq_id, list(token_ids)[: alloc.page_table.num_tokens])
         return alloc
 
@@ -90,9 +93,13 @@ class EvictOwnHits(_Mutant):
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
         if seq_id in self.sequences or not token_ids or num_new_tokens < 1:
-            return super().allocate(seq_id, token_ids, num_new_tokens, cache_salt)
+            return super().allocate(seq_id, token_ids, num_new_tokens, cache_salt, match=match)
+        if match is not None:
+            self._check_match(match, token_ids, cache_salt)
         hits = self._match(token_ids, cache_salt)
         num_cached = len(hits) * self.page_size
         num_tokens = num_cached + num_new_tokens
@@ -112,8 +119,11 @@ class EvictOwnHits(_Mutant):
             chain_tail=hits[-1] if hits else None,
         )
         self._freed_ids.pop(seq_id, None)
+        if self.config.enable_prefix_caching:
+            self.in_flight.open(seq_id, token_ids, cache_salt, len(hits))
         self._query_tokens += len(token_ids)
         self._hit_tokens += num_cached
+        self._changed()
         return Allocation(self.page_table(seq_id), num_cached, len(fresh))
 
 
@@ -133,14 +143,19 @@ class SaltBlind(_Mutant):
     def cached_prefix_length(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         return super().cached_prefix_length(token_ids, None)
 
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
+        return super().match_prefix(token_ids, None)
+
     def allocate(
         self,
         seq_id: int,
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
-        return super().allocate(seq_id, token_ids, num_new_tokens, None)
+        return super().allocate(seq_id, token_ids, num_new_tokens, None, match=match)
 
 
 class _TrustingIndex(PrefixIndex):
@@ -189,8 +204,28 @@ class PartialGrow(_Mutant):
         return super().grow(seq_id, num_tokens)
 
 
+class InFlightBlind(_Mutant):
+    """(j) a match never reports pages in flight: requests sharing a prefix that is still being
+    computed compute it again."""
+
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
+        return dataclasses.replace(
+            super().match_prefix(token_ids, cache_salt), num_in_flight_tokens=0
+        )
+
+
+class StaleMatchTaken(_Mutant):
+    """(k) allocate takes whatever match it is given: hits that were evicted or never matched
+    this prompt are held again."""
+
+    def _check_match(
+        self, match: PrefixMatch, token_ids: Sequence[int], cache_salt: str | None
+    ) -> None:
+        """Trusts the match."""
+
+
 class EmptyLookupIsZero(_Mutant):
-    """(j) cached_prefix_length answers 0 for an empty prompt instead of raising (KVM-003)."""
+    """(l) cached_prefix_length answers 0 for an empty prompt instead of raising (KVM-003)."""
 
     def cached_prefix_length(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         if not token_ids:
@@ -212,7 +247,7 @@ class _IdentitySaltIndex(PrefixIndex):
 
 
 class SaltByIdentity(_Mutant):
-    """(k) salts are compared as objects: an equal salt built at run time misses (KVM-028)."""
+    """(m) salts are compared as objects: an equal salt built at run time misses (KVM-028)."""
 
     def __init__(self, config: KVManagerConfig) -> None:
         super().__init__(config)

@@ -16,7 +16,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 #: Every workload, in the order a run measures them.
-WORKLOADS = ("micro", "memory", "shared_prefix", "mixed", "scaling", "decode")
+WORKLOADS = (
+    "micro",
+    "scheduling",
+    "attention",
+    "memory",
+    "shared_prefix",
+    "mixed",
+    "scaling",
+    "decode",
+    "detokenize",
+    "parallel",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

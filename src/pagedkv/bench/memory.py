@@ -20,7 +20,7 @@ from pagedkv.bench.pagedkv_system import PAGE_SIZE, make_engine, run_engine
 from pagedkv.bench.requests import MixedSpec, mixed_requests
 from pagedkv.bench.results import WorkloadResult
 from pagedkv.bench.stats import ratio, rounded
-from pagedkv.engine.engine import LLMEngine
+from pagedkv.engine.outputs import StepReport
 from pagedkv.errors import OutOfPages
 from pagedkv.interfaces import KVManagerConfig, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
@@ -35,21 +35,20 @@ CONCURRENCY_SAMPLES = 2000
 
 
 class UtilisationProbe:
-    """Samples the KV cache after every step: positions stored and positions allocated."""
+    """A step observer sampling the KV cache after every step: positions stored and positions
+    allocated (pages in use times ``page_size``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
         self.stored: list[int] = []
         self.capacity: list[int] = []
 
-    def __call__(self, engine: LLMEngine) -> None:
-        kv = engine.kv
-        if kv is None:
-            return
-        pages = kv.stats().pages_in_use
+    def __call__(self, report: StepReport) -> None:
+        pages = report.stats.pages_in_use
         if pages == 0:
             return
-        self.stored.append(sum(r.num_computed_tokens for r in engine.scheduler.running))
-        self.capacity.append(pages * kv.page_size)
+        self.stored.append(report.kv_positions)
+        self.capacity.append(pages * self.page_size)
 
     def mean(self) -> float:
         """Mean over steps of stored / capacity."""
@@ -77,7 +76,7 @@ def run(ctx: BenchContext, checkpoint: Checkpoint, vocab: int) -> WorkloadResult
     num_pages = pages_needed(requests)
     ctx.log("memory: KV utilisation on the mixed workload")
     engine = make_engine(HashRunner(vocab, num_pages, PAGE_SIZE), "v1", num_pages)
-    probe = UtilisationProbe()
+    probe = UtilisationProbe(PAGE_SIZE)
     run_engine(engine, requests, "pagedkv-v1", observer=probe)
     result.figures["utilisation"] = {
         "page_size": PAGE_SIZE,

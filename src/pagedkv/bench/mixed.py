@@ -43,6 +43,7 @@ from pagedkv.bench.requests import BenchRequest, LengthDistribution, MixedSpec, 
 from pagedkv.bench.results import WorkloadResult
 from pagedkv.bench.run import RunResult
 from pagedkv.bench.stats import median, ratio
+from pagedkv.engine.runner import ModelRunner
 
 QUICK = MixedSpec(
     num_requests=12,
@@ -88,7 +89,9 @@ def run(ctx: BenchContext, checkpoint: Checkpoint, vocab: int) -> WorkloadResult
             make_engine(runner, "v1", num_pages), requests, "pagedkv-v1"
         ),
         "pagedkv-v0": lambda: run_engine(
-            make_engine(runner, "v0", num_pages), requests, "pagedkv-v0"
+            make_engine(ModelRunner.recompute(runner.model), "v0", num_pages),
+            requests,
+            "pagedkv-v0",
         ),
     }
     for size in batch_sizes:

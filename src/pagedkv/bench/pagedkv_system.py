@@ -5,18 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from pagedkv.backend import ReferenceBackend
 from pagedkv.bench.checkpoints import Checkpoint
 from pagedkv.bench.requests import BenchRequest
 from pagedkv.bench.run import RunResult
 from pagedkv.engine.config import CacheMode, EngineConfig
-from pagedkv.engine.engine import LLMEngine
-from pagedkv.engine.outputs import RequestOutput
+from pagedkv.engine.outputs import RequestOutput, StepReport
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.runner import ModelRunner
-from pagedkv.interfaces import StepRunner
+from pagedkv.interfaces import Engine, StepRunner
 
 #: Called after every engine step, e.g. to sample the KV cache's occupancy.
-StepObserver = Callable[[LLMEngine], None]
+StepObserver = Callable[[StepReport], None]
 
 #: Token budget of one step and sequences per step, for every pagedkv run of the benchmarks.
 MAX_NUM_BATCHED_TOKENS = 512
@@ -40,23 +40,26 @@ def make_engine(
     *,
     page_size: int = PAGE_SIZE,
     max_num_seqs: int = MAX_NUM_SEQS,
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
     max_model_len: int = 4096,
     enable_prefix_caching: bool = True,
-) -> LLMEngine:
-    """A fresh engine (empty queues, empty page pool) over an already loaded runner.
+    backend: ReferenceBackend | None = None,
+) -> Engine:
+    """A fresh engine (empty queues, empty page pool) of ``backend`` (the reference by
+    default) over an already loaded runner.
 
     The engine caps ``max_model_len`` by the positions the model was trained for (ENG-034).
     """
     config = EngineConfig(
         page_size=page_size,
         num_pages=num_pages,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
         enable_prefix_caching=enable_prefix_caching,
         mode=mode,
     )
-    return LLMEngine(runner, config)
+    return (backend or ReferenceBackend()).create_engine(runner, config)
 
 
 def greedy_params(max_tokens: int) -> SamplingParams:
@@ -65,7 +68,7 @@ def greedy_params(max_tokens: int) -> SamplingParams:
 
 
 def run_engine(
-    engine: LLMEngine,
+    engine: Engine,
     requests: Sequence[BenchRequest],
     system: str,
     observer: StepObserver | None = None,
@@ -75,16 +78,20 @@ def run_engine(
     TTFT counts from each request's ``add_request`` (all at the start), so it includes the time
     spent queued behind other requests, as a server's TTFT would.
     """
-    start = time.perf_counter()
-    ids = [engine.add_request(r.prompt, greedy_params(r.max_tokens)) for r in requests]
-    finished: dict[str, RequestOutput] = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                finished[output.request_id] = output
+    if observer is not None:
+        engine.add_step_observer(observer)
+    try:
+        start = time.perf_counter()
+        ids = [engine.add_request(r.prompt, greedy_params(r.max_tokens)) for r in requests]
+        finished: dict[str, RequestOutput] = {}
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+        wall = time.perf_counter() - start
+    finally:
         if observer is not None:
-            observer(engine)
-    wall = time.perf_counter() - start
+            engine.remove_step_observer(observer)
     outputs = [finished[i] for i in ids]
     return result_of(system, outputs, wall)
 
@@ -103,7 +110,7 @@ def result_of(system: str, outputs: Sequence[RequestOutput], wall_s: float) -> R
     )
 
 
-def warm_up(engine: LLMEngine, vocab: int) -> None:
+def warm_up(engine: Engine, vocab: int) -> None:
     """Run two short requests so that one-time costs (kernel selection, allocator) are paid."""
     prompts = [BenchRequest(tuple(range(1, 1 + min(40, vocab - 1))), 4)] * 2
     run_engine(engine, prompts, "warm-up")

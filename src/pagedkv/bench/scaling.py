@@ -20,7 +20,7 @@ from pagedkv.bench.hf_systems import (
     run_generate_batch,
     run_generate_static,
 )
-from pagedkv.bench.overhead import TimedRunner, decode_step_breakdown
+from pagedkv.bench.overhead import decode_step_breakdown
 from pagedkv.bench.pagedkv_system import (
     MAX_NUM_BATCHED_TOKENS,
     PAGE_SIZE,
@@ -58,11 +58,12 @@ def run(ctx: BenchContext, checkpoint: Checkpoint, vocab: int) -> WorkloadResult
     per_seq_pages = -(-(PROMPT_LEN + max(output_len, FULL_OVERHEAD_OUTPUT_LEN)) // PAGE_SIZE)
     num_pages = max(max(levels), OVERHEAD_BATCH) * per_seq_pages + 16
     runner = load_runner(checkpoint, num_pages)
+    recompute = ModelRunner.recompute(runner.model)  # the same model, no K/V pool
     warm_up(make_engine(runner, "v1", num_pages), vocab)
     hf_model = load_hf_model(checkpoint)
     systems: dict[str, Measure] = {
         "pagedkv-v1": lambda rs: run_engine(make_engine(runner, "v1", num_pages), rs, "v1"),
-        "pagedkv-v0": lambda rs: run_engine(make_engine(runner, "v0", num_pages), rs, "v0"),
+        "pagedkv-v0": lambda rs: run_engine(make_engine(recompute, "v0", num_pages), rs, "v0"),
         HF_GENERATE: lambda rs: run_generate_static(hf_model, rs, batch_size=len(rs)),
     }
     if not ctx.quick and has_generate_batch(hf_model):
@@ -120,12 +121,11 @@ def _overhead(
 ) -> None:
     output_len = QUICK_OVERHEAD_OUTPUT_LEN if ctx.quick else FULL_OVERHEAD_OUTPUT_LEN
     ctx.log(f"scaling: engine overhead at {OVERHEAD_BATCH} concurrent requests")
-    timed = TimedRunner(runner)
-    engine = make_engine(timed, "v1", num_pages)
+    engine = make_engine(runner, "v1", num_pages)
     requests = uniform_requests(OVERHEAD_BATCH, OVERHEAD_PROMPT_LEN, output_len, vocab, ctx.seed)
     for request in requests:
         engine.add_request(request.prompt, greedy_params(request.max_tokens))
-    breakdown = decode_step_breakdown(engine, timed, OVERHEAD_BATCH)
+    breakdown = decode_step_breakdown(engine, OVERHEAD_BATCH)
     result.figures["engine_overhead"] = {
         "concurrent_requests": OVERHEAD_BATCH,
         "decode_steps_measured": breakdown.steps,

@@ -11,7 +11,20 @@ from typing import Any
 
 import torch
 
-from pagedkv.bench import decode, gate, memory, micro, mixed, plots, scaling, shared_prefix
+from pagedkv.bench import (
+    attention,
+    decode,
+    detokenize,
+    gate,
+    memory,
+    micro,
+    mixed,
+    parallel,
+    plots,
+    scaling,
+    scheduling,
+    shared_prefix,
+)
 from pagedkv.bench.checkpoints import QWEN3_0_6B, Checkpoint, small_checkpoint
 from pagedkv.bench.cli import WORKLOADS
 from pagedkv.bench.context import BenchContext, default_cache_dir
@@ -21,7 +34,7 @@ from pagedkv.bench.report import results_markdown
 from pagedkv.bench.results import WorkloadResult, build_document, read_json, write_json
 
 #: The workloads of ``--quick`` (the CI gate): no 0.6B-shaped checkpoint.
-QUICK_WORKLOADS = ("micro", "memory", "shared_prefix", "mixed")
+QUICK_WORKLOADS = ("micro", "scheduling", "attention", "memory", "shared_prefix", "mixed")
 
 Runner = Callable[[BenchContext, Checkpoint, int], WorkloadResult]
 
@@ -29,11 +42,15 @@ Runner = Callable[[BenchContext, Checkpoint, int], WorkloadResult]
 def _runners() -> dict[str, Runner]:
     return {
         "micro": lambda ctx, ck, vocab: micro.run(ctx),
+        "scheduling": lambda ctx, ck, vocab: scheduling.run(ctx),
+        "attention": lambda ctx, ck, vocab: attention.run(ctx),
         "memory": memory.run,
         "shared_prefix": shared_prefix.run,
         "mixed": mixed.run,
         "scaling": scaling.run,
         "decode": lambda ctx, ck, vocab: decode.run(ctx),
+        "detokenize": lambda ctx, ck, vocab: detokenize.run(ctx, ck),
+        "parallel": lambda ctx, ck, vocab: parallel.run(ctx, ck),
     }
 
 

@@ -25,6 +25,9 @@ class EngineConfig:
         max_model_len: most positions one sequence may reach (prompt + generated tokens).
         enable_prefix_caching: reuse cached full pages across requests.
         mode: ``v1`` (paged KV cache) or ``v0`` (recompute everything every step).
+        max_step_retries: times the requests of a step whose model run raised are scheduled
+            again before they fail with finish reason ``error``; the last try runs each of them
+            alone, so only a request that fails on its own is failed (ENG-071, ENG-072).
     """
 
     page_size: int = 16
@@ -34,11 +37,14 @@ class EngineConfig:
     max_model_len: int = 2048
     enable_prefix_caching: bool = True
     mode: CacheMode = "v1"
+    max_step_retries: int = 2
 
     def __post_init__(self) -> None:
         for name in ("page_size", "num_pages", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise InvalidRequest(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_step_retries < 0:
+            raise InvalidRequest(f"max_step_retries must be >= 0, got {self.max_step_retries}")
         if self.max_model_len < 2:
             raise InvalidRequest(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.mode not in ("v0", "v1"):

@@ -1,35 +1,62 @@
-"""The engine: each step is schedule → run → postprocess.
+"""The engine: each step is schedule → plan → execute → sample → update → detokenize.
 
-The scheduler picks the work and the KVManager its pages; the plan builder turns that into an
-explicit :class:`~pagedkv.plan.StepPlan`; the runner computes logits; postprocessing commits
-newly written full pages to the prefix index, samples, checks stop conditions and frees the
-pages of finished requests.
+The scheduler picks the work and builds its plan; the runner computes logits; the engine samples
+the sequences the step completed; the scheduler applies the tokens (progress, commits, stop
+conditions, frees); the engine turns them into text and outputs. The engine never touches the
+KVManager or a request's progress itself: the scheduler is their only owner.
+
+One request's failure is that request's alone (ENG-070..072): an error in one row's sampling
+or in one request's text fails that request and no other, and a step whose model run raises is
+applied as nothing and tried again (the scheduler decides how often, and which request then
+fails). ``step()`` never raises for either.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
-from collections.abc import Generator, Sequence
+import uuid
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 
 import torch
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.outputs import EngineStats, FinishReason, RequestOutput
-from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.detokenizer import IncrementalDetokenizer
+from pagedkv.engine.generation_config import GenerationDefaults
+from pagedkv.engine.group import RequestGroup
+from pagedkv.engine.outputs import EngineStats, FinishReason, RequestOutput, StepReport
+from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
+from pagedkv.engine.prompts import PromptType, parse_prompt
 from pagedkv.engine.request import Request, RequestStatus
-from pagedkv.engine.sampler import sample, token_logprobs
-from pagedkv.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
-from pagedkv.engine.tokenizer import IncrementalText, Tokenizer, eos_token_ids
-from pagedkv.errors import InvalidRequest, InvariantViolation, RequestTooLong
-from pagedkv.interfaces import KVManager, KVManagerConfig, StepRunner
-from pagedkv.kv.manager import ReferenceKVManager
-from pagedkv.plan import SeqChunk, StepPlan, build_plan
+from pagedkv.engine.sampler import Sampled, SampleRow, sample_rows
+from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput, make_scheduler
+from pagedkv.engine.tokenizer import Tokenizer
+from pagedkv.errors import InvalidRequest, RequestTooLong
+from pagedkv.interfaces import KVManager, StepRunner
+from pagedkv.plan import StepPlan
+
+#: Called after every step that ran, with what the step did.
+StepObserver = Callable[[StepReport], None]
 
 
 class LLMEngine:
-    """Continuous batching over one page pool (ENG-001..)."""
+    """Continuous batching over one page pool (ENG-001..).
+
+    Args:
+        runner: runs the step plans.
+        config: budgets and cache mode.
+        kv_manager: the page pool of a v1 engine, built by a backend
+            (:meth:`pagedkv.backend.ReferenceBackend.create_engine`); a v0 engine takes none.
+        tokenizer: turns text prompts into ids and ids into text; optional.
+        eos_ids: tokens that end a request unless it ignores EOS.
+        generation_defaults: the model's sampling defaults (``generation_config.json``),
+            applied to a request given no SamplingParams (ENG-080).
+
+    Raises:
+        InvalidRequest: a v1 config without ``kv_manager``, or a v0 config with one.
+    """
 
     def __init__(
         self,
@@ -39,24 +66,19 @@ class LLMEngine:
         kv_manager: KVManager | None = None,
         tokenizer: Tokenizer | None = None,
         eos_ids: frozenset[int] = frozenset(),
+        generation_defaults: GenerationDefaults | None = None,
     ) -> None:
         self.runner = runner
         self.config = config
         self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        if config.mode == "v1" and kv_manager is None:
-            kv_manager = ReferenceKVManager(
-                KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
-            )
-        self.kv: KVManager | None = kv_manager if config.mode == "v1" else None
-        self.max_model_len = config.max_model_len
+        self.generation_defaults = generation_defaults or GenerationDefaults()
+        limit = config.max_model_len
         if runner.max_positions is not None:  # never past what the model was trained for
-            self.max_model_len = min(self.max_model_len, runner.max_positions)
-        if self.kv is not None:
-            self.max_model_len = min(self.max_model_len, self.kv.num_pages * self.kv.page_size)
-        self.scheduler = Scheduler(config, self.kv)
-        self._requests: dict[str, Request] = {}
-        self._texts: dict[str, IncrementalText] = {}
+            limit = min(limit, runner.max_positions)
+        self.scheduler = make_scheduler(config, kv_manager, eos_ids=eos_ids, max_model_len=limit)
+        self.max_model_len = self.scheduler.max_model_len
+        self._requests: dict[str, RequestGroup] = {}
+        self._observers: list[StepObserver] = []
         self._ids = itertools.count()
         self._seed_source = torch.Generator().manual_seed(0)
         self._steps = 0
@@ -72,43 +94,36 @@ class LLMEngine:
         *,
         dtype: str = "float32",
         device: str = "cpu",
-        kv_manager: KVManager | None = None,
     ) -> LLMEngine:
-        """Load a Hugging Face format Qwen3 directory, its tokenizer if it has one, and EOS."""
-        from pagedkv.engine.runner import ModelRunner
+        """Load a Hugging Face format Qwen3 directory, its tokenizer if it has one, and EOS,
+        with pagedkv's reference backend (which builds the page pool)."""
+        from pagedkv.backend import ReferenceBackend
 
-        config = config or EngineConfig()
-        runner = ModelRunner.from_model_dir(
-            model_dir,
-            num_pages=config.num_pages if config.mode == "v1" else None,
-            page_size=config.page_size,
-            dtype=dtype,
-            device=device,
-        )
-        path = Path(model_dir)
-        has_tokenizer = (path / "tokenizer.json").exists()
-        return cls(
-            runner,
-            config,
-            kv_manager=kv_manager,
-            tokenizer=Tokenizer(path) if has_tokenizer else None,
-            eos_ids=eos_token_ids(path),
-        )
+        return ReferenceBackend().load_engine(model_dir, config, dtype=dtype, device=device)
 
     # -- requests --------------------------------------------------------------------------
 
     def add_request(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         request_id: str | None = None,
         cache_salt: str | None = None,
     ) -> str:
         """Queue a request; returns its id. Raises a typed error, queuing nothing, if it is
-        invalid or could never fit (ENG-033)."""
-        params = params or SamplingParams()
-        prompt_ids = self._prompt_ids(prompt)
+        invalid or could never fit (ENG-033).
+
+        ``prompt`` is text, token ids, or a vLLM prompt dict (ENG-062). Without ``params`` the
+        model's generation defaults apply (ENG-080).
+        """
+        params = params or self.generation_defaults.sampling_params()
+        parsed = parse_prompt(prompt)
+        if parsed.cache_salt is not None:
+            if cache_salt is not None and cache_salt != parsed.cache_salt:
+                raise InvalidRequest("the prompt's cache_salt differs from the cache_salt given")
+            cache_salt = parsed.cache_salt
+        prompt_ids = self._prompt_ids(parsed.text, parsed.token_ids)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
@@ -118,36 +133,89 @@ class LLMEngine:
                 f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} = {total} "
                 f"exceeds the {self.max_model_len} positions one sequence may hold"
             )
-        generator = None
-        if not params.greedy:
-            seed = params.seed
-            if seed is None:
-                seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source).item())
-            generator = torch.Generator().manual_seed(seed)
-        request = Request(
-            request_id=request_id,
-            prompt_token_ids=tuple(prompt_ids),
-            params=params,
-            cache_salt=cache_salt,
-            arrival_time=time.perf_counter(),
-            generator=generator,
-            logprobs=[] if params.logprobs is not None else None,
-        )
-        self._requests[request_id] = request
+        self._check_params(params)
+        sequences = self._sequences(request_id, prompt_ids, params, cache_salt)
+        detokenizers = None
         if self.tokenizer is not None:
-            self._texts[request_id] = IncrementalText(self.tokenizer, params.stop)
-        elif params.stop:
-            raise InvalidRequest("stop strings need a tokenizer")
-        self.scheduler.add(request)
+            tokenizer = self.tokenizer
+            detokenizers = [
+                IncrementalDetokenizer(tokenizer.incremental_decoder(), params) for _ in sequences
+            ]
+        group = RequestGroup(request_id, parsed.text, sequences, detokenizers)
+        if params.prompt_logprobs is not None:
+            group.prompt_logprobs = [None] * len(prompt_ids)
+        self._requests[request_id] = group
+        self.scheduler.add(sequences[0])
         return request_id
 
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
+    def _check_params(self, params: SamplingParams) -> None:
+        """What SamplingParams cannot check alone: it needs the engine's limits."""
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequest("stop strings need a tokenizer")
+        if params.num_sequences > self.scheduler.config.max_num_seqs:
+            raise InvalidSamplingParams(
+                f"{params.num_sequences} sequences (n, best_of) exceed max_num_seqs="
+                f"{self.scheduler.config.max_num_seqs}"
+            )
+        vocab = self.runner.vocab_size
+        outside = [t for t, _ in params.bias if t >= vocab]
+        if outside:
+            raise InvalidSamplingParams(
+                f"logit_bias names token ids {outside[:5]} outside the vocabulary of {vocab}"
+            )
+
+    def _sequences(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        cache_salt: str | None,
+    ) -> list[Request]:
+        """The request's sequences: the first queued, the others its unborn forks (ENG-047).
+
+        Each samples with its own generator: seeded ``seed + index``, as vLLM seeds the
+        children of a parallel-sampling request. A request asking for prompt
+        log-probabilities computes its whole prompt: it takes a salt of its own and publishes
+        nothing (ENG-049).
+        """
+        publish = params.prompt_logprobs is None
+        if not publish:
+            cache_salt = f"\x00prompt-logprobs {uuid.uuid4().hex}"
+        arrival = time.perf_counter()
+        sequences = []
+        for index in range(params.num_sequences):
+            generator = None
+            if not params.greedy:
+                seed = params.seed
+                if seed is None:
+                    seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source).item())
+                else:
+                    seed = (seed + index) % 2**64
+                generator = torch.Generator().manual_seed(seed)
+            sequences.append(
+                Request(
+                    request_id=request_id,
+                    prompt_token_ids=tuple(prompt_ids),
+                    params=params,
+                    cache_salt=cache_salt,
+                    arrival_time=arrival,
+                    generator=generator,
+                    logprobs=[] if params.logprobs is not None else None,
+                    index=index,
+                    publish=publish,
+                    status=RequestStatus.WAITING if index == 0 else RequestStatus.UNBORN,
+                )
+            )
+        sequences[0].forks = sequences[1:]
+        return sequences
+
+    def _prompt_ids(self, text: str | None, token_ids: Sequence[int] | None) -> list[int]:
+        if text is not None:
             if self.tokenizer is None:
                 raise InvalidRequest("a text prompt needs a model directory with a tokenizer")
-            ids = self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(text)
         else:
-            ids = [int(t) for t in prompt]
+            ids = list(token_ids or ())
         if not ids:
             raise InvalidRequest("the prompt is empty")
         vocab = self.runner.vocab_size
@@ -159,11 +227,14 @@ class LLMEngine:
     def abort(self, request_id: str) -> RequestOutput | None:
         """End a request now and free every page it holds (ENG-012). Returns its final output,
         or ``None`` if it had already finished."""
-        request = self._requests.get(request_id)
-        if request is None:
+        group = self._requests.get(request_id)
+        if group is None:
             return None
-        self._finish(request, FinishReason.ABORT)
-        return self._output(request, (), "")
+        for sequence in group.sequences:
+            if not sequence.finished:
+                self.scheduler.finish(sequence, FinishReason.ABORT)
+        self._forget(group)
+        return group.output()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
@@ -171,114 +242,221 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; returns the outputs of the requests it advanced."""
+        """Run one scheduled batch; returns the outputs of the requests it advanced or failed
+        (finish reason ``error``, ENG-070..072)."""
+        start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled.chunks:
             return []
-        logits = self.runner.execute(self._plan(scheduled))
-        return self._postprocess(scheduled, logits)
-
-    def _plan(self, scheduled: SchedulerOutput) -> StepPlan:
-        chunks = [
-            SeqChunk(tuple(c.request.token_ids[c.start : c.start + c.num_tokens]), c.start, c.pages)
-            for c in scheduled.chunks
-        ]
-        page_size = self.kv.page_size if self.kv is not None else None
-        return build_plan(chunks, page_size, self.runner.device)
-
-    def _postprocess(self, scheduled: SchedulerOutput, logits: torch.Tensor) -> list[RequestOutput]:
-        self._steps += 1
-        self._tokens_computed += scheduled.num_tokens
-        outputs: list[RequestOutput] = []
-        for row, chunk in enumerate(scheduled.chunks):
-            request = chunk.request
-            self._count_prefill(chunk)
-            if self.kv is not None:
-                request.num_computed_tokens = chunk.start + chunk.num_tokens
-                self._commit(request, chunk)
-            if chunk.completes_sequence:
-                outputs.append(self._append_token(request, logits[row]))
-        if self.kv is not None:
-            self._peak_pages = max(self._peak_pages, self.kv.stats().pages_in_use)
+        scheduled_at = time.perf_counter()
+        try:
+            plan = self.scheduler.build_plan(scheduled, self.runner.device)
+            planned_at = time.perf_counter()
+            logits = self._execute(plan, sum(c.num_logits for c in scheduled.chunks))
+        except Exception as exc:  # the whole step failed: none of it is applied (ENG-071)
+            failed = self.scheduler.update_from_failure(scheduled, _describe(exc))
+            return self._outputs(failed)
+        executed_at = time.perf_counter()
+        sampled = self._sample(scheduled, logits)
+        sampled_at = time.perf_counter()
+        advanced = self.scheduler.update_from_output(scheduled, sampled)
+        updated_at = time.perf_counter()
+        outputs = self._outputs(advanced)
+        done_at = time.perf_counter()
+        self._count(scheduled)
+        if self._observers:
+            report = StepReport(
+                num_seqs=len(scheduled.chunks),
+                num_tokens=scheduled.num_tokens,
+                num_prompt_tokens=sum(c.num_prompt_tokens for c in scheduled.chunks),
+                num_preempted=len(scheduled.preempted),
+                num_finished=sum(1 for o in outputs if o.finished),
+                schedule_s=scheduled_at - start,
+                plan_s=planned_at - scheduled_at,
+                execute_s=executed_at - planned_at,
+                sample_s=sampled_at - executed_at,
+                update_s=updated_at - sampled_at,
+                output_s=done_at - updated_at,
+                kv_positions=sum(r.num_computed_tokens for r in self.scheduler.running),
+                stats=self.stats(),
+            )
+            for observer in tuple(self._observers):
+                observer(report)
         return outputs
 
-    def _count_prefill(self, chunk: ScheduledChunk) -> None:
-        prompt_len = len(chunk.request.prompt_token_ids)
-        end = min(chunk.start + chunk.num_tokens, prompt_len)
-        self._prefill_tokens_computed += max(0, end - chunk.start)
+    def _execute(self, plan: StepPlan, num_rows: int) -> torch.Tensor:
+        """The runner's logits for ``plan``: ``num_rows`` rows, one per sequence plus the
+        prompt positions whose log-probabilities were asked for."""
+        logits = self.runner.execute(plan)
+        if logits.dim() != 2 or logits.shape[0] != num_rows:
+            raise InvalidRequest(
+                f"the runner returned logits of shape {tuple(logits.shape)} for {num_rows} rows"
+            )
+        return logits
 
-    def _commit(self, request: Request, chunk: ScheduledChunk) -> None:
-        """Publish pages that this step filled: their K/V are now written (KVM-021)."""
-        kv = self.kv
-        if kv is None or request.seq_id is None:
-            return
-        size = kv.page_size
-        end = chunk.start + chunk.num_tokens
-        if end // size > chunk.start // size:
-            kv.commit(request.seq_id, request.token_ids[:end])
+    def _sample(
+        self, scheduled: SchedulerOutput, logits: torch.Tensor
+    ) -> list[SampledToken | SampleError | None]:
+        """The next token of every chunk that completes its sequence, and the first tokens
+        of its forks, in one sampler call over the batch (ENG-048).
 
-    def _append_token(self, request: Request, logits: torch.Tensor) -> RequestOutput:
-        params = request.params
-        token = sample(logits, params, request.generator)
-        now = time.perf_counter()
-        if request.first_token_time is None:
-            request.first_token_time = now
-        request.token_ids.append(token)
-        if request.logprobs is not None and params.logprobs is not None:
-            request.logprobs.append(token_logprobs(logits, token, params.logprobs))
-        reason = self._stop_reason(request, token)
-        new_text = ""
-        text = self._texts.get(request.request_id)
-        if text is not None:
-            new_text, stopped = text.update(request.output_token_ids, final=reason is not None)
-            if stopped and reason is None:
-                reason = FinishReason.STOP
-                rest, _ = text.update(request.output_token_ids, final=True)
-                new_text += rest
-            request.text = text.text
-        if reason is not None:
-            self._finish(request, reason)
-        return self._output(request, (token,), new_text)
+        ``logits`` holds ``chunk.num_logits`` rows per chunk, the last of them the chunk's
+        sampling row; the others are prompt positions whose log-probabilities were asked for.
+        A row whose sampling fails (NaN logits, or any error of its own) gets a
+        :class:`SampleError`, the others their token (ENG-070).
+        """
+        rows: list[SampleRow] = []
+        where: list[int] = []
+        spans: list[tuple[int, int] | None] = []
+        offset = 0
+        for chunk in scheduled.chunks:
+            last = offset + chunk.num_logits - 1
+            if chunk.wants_prompt_logits:
+                group = self._requests[chunk.request.request_id]
+                group.add_prompt_logprobs(chunk.start, logits[offset : last + 1])
+            offset = last + 1
+            if not chunk.completes_sequence:
+                spans.append(None)
+                continue
+            sequences = [chunk.request, *chunk.request.forks]
+            spans.append((len(rows), len(sequences)))
+            for sequence in sequences:
+                rows.append(
+                    SampleRow(
+                        sequence.params,
+                        sequence.generator,
+                        sequence.prompt_token_ids,
+                        sequence.output_token_ids,
+                    )
+                )
+                where.append(last)
+        if not rows:
+            return [None] * len(spans)
+        picked = logits.index_select(0, torch.tensor(where, dtype=torch.int64))
+        tokens = self._sample_rows(picked, rows)
+        sampled: list[SampledToken | SampleError | None] = []
+        for span in spans:
+            if span is None:
+                sampled.append(None)
+                continue
+            first, forks = tokens[span[0]], tuple(tokens[span[0] + 1 : span[0] + span[1]])
+            if isinstance(first, SampleError) or not forks:
+                sampled.append(first)  # a failed first sequence takes its forks with it
+            else:
+                sampled.append(dataclasses.replace(first, forks=forks))
+        return sampled
 
-    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
-        params = request.params
-        if not params.ignore_eos and token in self.eos_ids:
-            return FinishReason.STOP
-        if token in params.stop_token_ids:
-            return FinishReason.STOP
-        if request.num_output_tokens >= params.max_tokens:
-            return FinishReason.LENGTH
-        if request.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH
-        return None
+    def _sample_rows(
+        self, logits: torch.Tensor, rows: Sequence[SampleRow]
+    ) -> list[SampledToken | SampleError]:
+        """Every row in one batch; rows with NaN logits fail alone, and if the batch raises
+        anyway, each row is sampled on its own so that only the rows that raise fail."""
+        bad = set(torch.isnan(logits).any(dim=1).nonzero().flatten().tolist())
+        good = [i for i in range(len(rows)) if i not in bad]
+        out: list[SampledToken | SampleError] = [
+            SampleError("sampling failed: the model's logits hold NaN") for _ in rows
+        ]
+        try:
+            picked = logits.index_select(0, torch.tensor(good, dtype=torch.int64))
+            results = sample_rows(picked, [rows[i] for i in good], self.scheduler.eos_ids)
+            for i, result in zip(good, results, strict=True):
+                out[i] = _sampled_token(result, rows[i].params)
+        except Exception:  # find the rows that raise: each fails alone
+            for i in good:
+                try:
+                    (result,) = sample_rows(logits[i : i + 1], [rows[i]], self.scheduler.eos_ids)
+                    out[i] = _sampled_token(result, rows[i].params)
+                except Exception as exc:  # this row's own sampling
+                    out[i] = SampleError(f"sampling failed: {_describe(exc)}")
+        return out
 
-    def _finish(self, request: Request, reason: FinishReason) -> None:
-        self.scheduler.release(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        request.finished_time = time.perf_counter()
-        del self._requests[request.request_id]
-        self._texts.pop(request.request_id, None)
+    def _outputs(self, advanced: Sequence[Request]) -> list[RequestOutput]:
+        """Detokenize the sequences that got a token (a stop string ends one here), then the
+        output of each request they belong to, in the order of the first; a request whose
+        completions ``best_of`` chooses shows none before it finishes.
 
-    def _output(self, request: Request, new_ids: tuple[int, ...], new_text: str) -> RequestOutput:
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt_token_ids=request.prompt_token_ids,
-            token_ids=tuple(request.output_token_ids),
-            new_token_ids=new_ids,
-            text=request.text,
-            new_text=new_text,
-            finished=request.finished,
-            finish_reason=request.finish_reason,
-            logprobs=tuple(request.logprobs) if request.logprobs is not None else None,
-            metrics=request.metrics(),
+        An error in a sequence's text or stop strings fails it (ENG-070), and a failed
+        sequence fails its whole request: every other sequence of it ends with the same error.
+        """
+        groups: dict[str, RequestGroup] = {}
+        for sequence in advanced:
+            group = self._requests.get(sequence.request_id)
+            if group is None:
+                continue
+            groups.setdefault(group.request_id, group)
+            if sequence.finish_reason is FinishReason.ERROR:
+                continue
+            try:
+                stop = group.detokenize(sequence)
+            except Exception as exc:  # this request's own text: it fails alone
+                self.scheduler.fail(sequence, f"detokenizing failed: {_describe(exc)}")
+                continue
+            if stop is not None:
+                self.scheduler.finish(sequence, FinishReason.STOP)
+                sequence.stop_reason = stop
+        outputs = []
+        for group in groups.values():
+            error = group.error
+            if error is not None:
+                for sequence in group.sequences:
+                    if not sequence.finished:
+                        self.scheduler.fail(sequence, error)
+            if group.finished:
+                self._forget(group)
+            if not group.hidden:
+                outputs.append(group.output())
+        return outputs
+
+    def _count(self, scheduled: SchedulerOutput) -> None:
+        self._steps += 1
+        self._tokens_computed += scheduled.num_tokens
+        self._prefill_tokens_computed += sum(c.num_prompt_tokens for c in scheduled.chunks)
+        self._peak_pages = max(self._peak_pages, self.scheduler.kv_stats().pages_in_use)
+
+    def _forget(self, group: RequestGroup) -> None:
+        self._requests.pop(group.request_id, None)
+
+    # -- observation -----------------------------------------------------------------------
+
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call ``observer`` with a :class:`StepReport` after every step that ran (ENG-051)."""
+        self._observers.append(observer)
+
+    def remove_step_observer(self, observer: StepObserver) -> None:
+        """Stop calling ``observer``; unknown observers are ignored."""
+        if observer in self._observers:
+            self._observers.remove(observer)
+
+    def stats(self) -> EngineStats:
+        """Engine-wide counters (ENG-050)."""
+        kv = self.scheduler.kv_stats()
+        return EngineStats(
+            num_pages=kv.num_pages,
+            pages_in_use=kv.pages_in_use,
+            pages_free=kv.pages_free,
+            pages_cached=kv.pages_cached,
+            peak_pages_in_use=self._peak_pages,
+            query_tokens=kv.query_tokens,
+            hit_tokens=kv.hit_tokens,
+            prefill_tokens_computed=self._prefill_tokens_computed,
+            tokens_computed=self._tokens_computed,
+            steps=self._steps,
+            preemptions=self.scheduler.num_preemptions,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            failed_steps=self.scheduler.num_failed_steps,
         )
+
+    def check_invariants(self) -> None:
+        """The scheduler's invariants (for v1, its KVManager's and the pages of the running
+        requests)."""
+        self.scheduler.check_invariants()
 
     # -- convenience -----------------------------------------------------------------------
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         cache_salt: str | None = None,
@@ -300,42 +478,13 @@ class LLMEngine:
             if not finished:
                 self.abort(request_id)
 
-    def stats(self) -> EngineStats:
-        """Engine-wide counters (ENG-050)."""
-        kv = self.kv.stats() if self.kv is not None else None
-        return EngineStats(
-            num_pages=kv.num_pages if kv else 0,
-            pages_in_use=kv.pages_in_use if kv else 0,
-            pages_free=kv.pages_free if kv else 0,
-            pages_cached=kv.pages_cached if kv else 0,
-            peak_pages_in_use=self._peak_pages,
-            query_tokens=kv.query_tokens if kv else 0,
-            hit_tokens=kv.hit_tokens if kv else 0,
-            prefill_tokens_computed=self._prefill_tokens_computed,
-            tokens_computed=self._tokens_computed,
-            steps=self._steps,
-            preemptions=self.scheduler.num_preemptions,
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-        )
 
-    def check_invariants(self) -> None:
-        """The KVManager's invariants, plus: the pages in use are exactly those of running
-        requests, and a running request's reservation covers what it has computed."""
-        if self.kv is None:
-            return
-        self.kv.check_invariants()
-        held: set[int] = set()
-        for request in self.scheduler.running:
-            if request.seq_id is None:
-                raise InvariantViolation(f"running request {request.request_id} holds no pages")
-            table = self.kv.page_table(request.seq_id)
-            if table.num_tokens < request.num_computed_tokens:
-                raise InvariantViolation(
-                    f"request {request.request_id} computed {request.num_computed_tokens} "
-                    f"positions but reserved {table.num_tokens}"
-                )
-            held.update(table.pages)
-        in_use = self.kv.stats().pages_in_use
-        if in_use != len(held):
-            raise InvariantViolation(f"{in_use} pages in use but running requests hold {len(held)}")
+def _sampled_token(result: Sampled, params: SamplingParams) -> SampledToken:
+    """The scheduler's view of one sampled row."""
+    entry = result.token_logprobs() if params.logprobs is not None else None
+    return SampledToken(result.token_id, entry, result.logprob)
+
+
+def _describe(exc: Exception) -> str:
+    """An error as a request's failure message: its type and message."""
+    return f"{type(exc).__name__}: {exc}"

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pagedkv.errors import InvalidRequest
+
+#: Temperatures below this are sampled greedily (argmax), as vLLM does: dividing logits by a
+#: smaller one can overflow float32 to ``inf`` and leave no distribution to sample from.
+GREEDY_TEMPERATURE = 1e-5
+#: Presence and frequency penalties lie in ``[-MAX_PENALTY, MAX_PENALTY]`` (OpenAI, vLLM).
+MAX_PENALTY = 2.0
+#: A logit bias lies in ``[-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]`` (OpenAI).
+MAX_LOGIT_BIAS = 100.0
 
 
 class InvalidSamplingParams(InvalidRequest):
@@ -17,7 +27,8 @@ class SamplingParams:
 
     Attributes:
         max_tokens: most tokens to generate, at least 1.
-        temperature: 0 means greedy (argmax); otherwise logits are divided by it.
+        temperature: below :data:`GREEDY_TEMPERATURE` (0 included) means greedy (argmax);
+            otherwise logits are divided by it.
         top_k: keep the ``top_k`` most likely tokens; 0 or -1 keeps all.
         top_p: keep the smallest set of most likely tokens whose probability reaches ``top_p``;
             in ``(0, 1]``.
@@ -29,6 +40,23 @@ class SamplingParams:
         ignore_eos: keep generating past the model's EOS tokens.
         logprobs: also return the log-probabilities of this many most likely tokens per step
             (and of the chosen one); ``None`` for none.
+        n: completions returned for the prompt (ENG-047); the prompt is computed once and its
+            sequence forked for the others, on shared pages.
+        best_of: sequences generated, ``n`` of which are returned, those of highest
+            cumulative log-probability; ``None`` means ``n``.
+        presence_penalty: subtracted once from the logit of every token the output already
+            holds; in ``[-2, 2]`` (ENG-048).
+        frequency_penalty: subtracted from each token's logit once per time the output holds
+            it; in ``[-2, 2]``.
+        repetition_penalty: divides the positive logits, and multiplies the negative ones, of
+            every token in the prompt or the output; above 0, 1 for none.
+        logit_bias: token id to a value in ``[-100, 100]`` added to its logit at every step
+            (a mapping, stored as sorted ``(token, bias)`` pairs so the object stays hashable).
+        min_tokens: no EOS or stop token can be sampled, and no stop string ends the output,
+            before this many tokens are generated; at most ``max_tokens``.
+        prompt_logprobs: the log-probability of every prompt token after the first (and the
+            this many most likely tokens at each position); ``None`` for none.
+        include_stop_str_in_output: keep the stop string that ended the output in its text.
     """
 
     max_tokens: int = 16
@@ -41,12 +69,27 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    n: int = 1
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         # Accept lists from callers (JSON, CLI) but store tuples: the object stays hashable.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         object.__setattr__(self, "stop", stop)
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        self._check_ranges()
+        self._check_extensions()
+
+    def _check_ranges(self) -> None:
         if self.max_tokens < 1:
             raise InvalidSamplingParams(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not self.temperature >= 0.0:  # also rejects NaN
@@ -64,7 +107,52 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise InvalidSamplingParams("stop strings must be non-empty")
 
+    def _check_extensions(self) -> None:
+        """The ranges of parallel sampling, penalties, bias and prompt log-probabilities."""
+        if self.n < 1:
+            raise InvalidSamplingParams(f"n must be >= 1, got {self.n}")
+        if self.best_of is not None and self.best_of < self.n:
+            raise InvalidSamplingParams(f"best_of must be >= n={self.n}, got {self.best_of}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise InvalidSamplingParams(f"{name} must be in [-2, 2], got {value}")
+        if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
+            raise InvalidSamplingParams(
+                f"repetition_penalty must be positive and finite, got {self.repetition_penalty}"
+            )
+        for token, bias in self.logit_bias:  # type: ignore[misc]
+            if token < 0:
+                raise InvalidSamplingParams(f"logit_bias names a negative token id {token}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise InvalidSamplingParams(
+                    f"logit_bias of token {token} must be in [-100, 100], got {bias}"
+                )
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidSamplingParams(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise InvalidSamplingParams(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
+
     @property
     def greedy(self) -> bool:
-        """Whether the next token is always the argmax."""
-        return self.temperature == 0.0
+        """Whether the next token is always the argmax (ENG-046)."""
+        return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences generated for the prompt: ``best_of`` if given, else ``n``."""
+        return self.n if self.best_of is None else self.best_of
+
+    @property
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as the sorted ``(token, bias)`` pairs it is stored as."""
+        return self.logit_bias  # type: ignore[return-value]
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether any presence, frequency or repetition penalty applies."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        )

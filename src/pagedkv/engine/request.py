@@ -17,6 +17,7 @@ class RequestStatus(Enum):
     WAITING = "waiting"  # queued: holds no pages (new, or preempted and to be recomputed)
     RUNNING = "running"  # holds pages and is scheduled every step
     FINISHED = "finished"
+    UNBORN = "unborn"  # a parallel sample waiting for its parent's prompt (ENG-047)
 
 
 @dataclass(eq=False)
@@ -26,6 +27,19 @@ class Request:
     ``token_ids`` holds the prompt then the generated tokens. ``num_computed_tokens`` counts its
     leading tokens whose K/V are in the cache; the rest still have to be fed to the model. A
     preempted request drops to 0 and is recomputed (from the prefix cache where it can be).
+
+    A request generating several completions (``n``, ``best_of``) is one ``Request`` per
+    sequence, all with the same ``request_id``: the first computes the prompt and holds the
+    others in ``forks`` (status ``UNBORN``) until its first token is sampled, when the
+    scheduler forks it into them (ENG-047).
+
+    Attributes beyond the obvious:
+        index: the sequence's index among its request's completions.
+        forks: the sequences to fork from this one once its prompt is computed.
+        cumulative_logprob: sum of its sampled tokens' log-probabilities.
+        stop_reason: the stop token or stop string that ended it.
+        publish: commit its pages to the prefix cache (off for a request whose prompt
+            log-probabilities are computed: it neither hits nor publishes, ENG-049).
     """
 
     request_id: str
@@ -43,8 +57,17 @@ class Request:
     finished_time: float | None = None
     finish_reason: FinishReason | None = None
     preemptions: int = 0
-    text: str = ""
     logprobs: list[TokenLogprobs] | None = None
+    index: int = 0
+    forks: list[Request] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    stop_reason: int | str | None = None
+    publish: bool = True
+    first_scheduled_time: float | None = None
+    #: Consecutive steps it was in whose model run raised (ENG-072); 0 after a step succeeds.
+    step_failures: int = 0
+    #: Why it failed, once finished with reason ``error``.
+    error: str | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -73,6 +96,11 @@ class Request:
     def finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
+    @property
+    def width(self) -> int:
+        """Sequences this request runs once its forks are born."""
+        return 1 + len(self.forks)
+
     def metrics(self) -> RequestMetrics:
         """A frozen snapshot of the request's timings and counts."""
         return RequestMetrics(
@@ -83,4 +111,5 @@ class Request:
             cached_tokens=self.cached_tokens or 0,
             generated_tokens=self.num_output_tokens,
             preemptions=self.preemptions,
+            first_scheduled_time=self.first_scheduled_time,
         )

@@ -1,10 +1,19 @@
-"""Turns one row of logits into the next token, under a request's sampling parameters.
+"""The sampler: one call per step turns the logits of every sequence that completed into its
+next token, applying each row's sampling controls as tensor operations over the whole batch.
 
-Each request samples with its own ``torch.Generator`` from its own row, so a seeded request's
-output does not depend on what else shares the batch (ENG-045).
+Order, as in vLLM: ``min_tokens`` (EOS and stop tokens masked), ``logit_bias``, the repetition,
+frequency and presence penalties, then greedy rows take the argmax and the others go through
+temperature, top-k, top-p and min-p and draw. The draw is the exponential race
+(``argmax(p / q)`` with ``q ~ Exp(1)``, an exact sample of ``p``); each row's noise comes from
+its own ``torch.Generator``, so a seeded request's tokens do not depend on what else shares the
+batch (ENG-041). Log-probabilities are those of the model's raw distribution, before any
+control (vLLM's default ``raw_logprobs``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -12,45 +21,228 @@ from pagedkv.engine.outputs import TokenLogprobs
 from pagedkv.engine.params import SamplingParams
 
 
-def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities after temperature, top-k, top-p and min-p; ``logits`` is ``[vocab]`` fp32.
+@dataclass(frozen=True, slots=True)
+class SampleRow:
+    """What the sampler needs of one sequence to sample.
 
-    Precondition: ``params.temperature > 0``.
+    Attributes:
+        params: its sampling parameters.
+        generator: its random generator (``None`` only for greedy rows).
+        prompt_token_ids: its prompt (for the repetition penalty).
+        output_token_ids: what it generated so far (penalties, ``min_tokens``).
     """
-    scaled = logits / params.temperature
-    if params.top_k > 0 and params.top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, params.top_k).values[-1]
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """One row's result.
+
+    Attributes:
+        token_id: the token chosen.
+        logprob: its log-probability under the raw distribution.
+        top: the ``params.logprobs`` most likely ``(token, logprob)`` pairs, most likely first;
+            empty when not asked for.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+    def token_logprobs(self) -> TokenLogprobs:
+        """The entry a request's ``logprobs`` keeps for this position."""
+        return TokenLogprobs(self.token_id, self.logprob, self.top)
+
+
+def _pairs(tokens: Sequence[Collection[int]], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row, token)`` index tensors of every token of ``tokens[row]`` inside the vocab."""
+    index = [(i, t) for i, ids in enumerate(tokens) for t in ids if 0 <= t < vocab]
+    if not index:
+        empty = torch.empty(0, dtype=torch.int64)
+        return empty, empty
+    pairs = torch.tensor(index, dtype=torch.int64)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def apply_min_tokens(
+    logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int]
+) -> None:
+    """Mask EOS and each row's stop tokens while it has fewer than ``min_tokens`` (in place)."""
+    banned = [
+        stop_ids | set(r.params.stop_token_ids)
+        if len(r.output_token_ids) < r.params.min_tokens
+        else ()
+        for r in rows
+    ]
+    row, token = _pairs(banned, logits.shape[1])
+    if row.numel():
+        logits.index_put_((row, token), torch.tensor(float("-inf")))
+
+
+def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
+    """Add each row's ``logit_bias`` to the logits (in place)."""
+    entries = [
+        (i, t, b) for i, r in enumerate(rows) for t, b in r.params.bias if t < logits.shape[1]
+    ]
+    if not entries:
+        return
+    row = torch.tensor([e[0] for e in entries], dtype=torch.int64)
+    token = torch.tensor([e[1] for e in entries], dtype=torch.int64)
+    bias = torch.tensor([e[2] for e in entries], dtype=logits.dtype)
+    logits.index_put_((row, token), bias, accumulate=True)
+
+
+def token_counts(token_lists: Sequence[Sequence[int]], vocab: int) -> torch.Tensor:
+    """``[len(token_lists), vocab]`` float32 count of each token in each list."""
+    counts = torch.zeros(len(token_lists), vocab)
+    row, token = _pairs(token_lists, vocab)
+    if row.numel():
+        counts.index_put_((row, token), torch.ones(row.shape[0]), accumulate=True)
+    return counts
+
+
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
+    """The repetition, frequency and presence penalties of the rows that have any (in place).
+
+    Repetition (prompt and output tokens): a positive logit is divided by the penalty, a
+    negative one multiplied. Frequency: minus the penalty times the token's count in the
+    output. Presence: minus the penalty once for every token the output holds.
+    """
+    which = [i for i, r in enumerate(rows) if r.params.has_penalties]
+    if not which:
+        return
+    vocab = logits.shape[1]
+    picked = torch.tensor(which, dtype=torch.int64)
+    sub = logits.index_select(0, picked)
+    output = token_counts([rows[i].output_token_ids for i in which], vocab)
+    seen = (output + token_counts([rows[i].prompt_token_ids for i in which], vocab)) > 0
+    repetition = torch.tensor([rows[i].params.repetition_penalty for i in which]).unsqueeze(1)
+    penalised = torch.where(sub > 0, sub / repetition, sub * repetition)
+    sub = torch.where(seen, penalised, sub)
+    frequency = torch.tensor([rows[i].params.frequency_penalty for i in which]).unsqueeze(1)
+    presence = torch.tensor([rows[i].params.presence_penalty for i in which]).unsqueeze(1)
+    sub = sub - frequency * output - presence * (output > 0).to(sub.dtype)
+    logits.index_copy_(0, picked, sub)
+
+
+def filtered_probs_batch(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Probabilities ``[R, vocab]`` after each row's temperature, top-k, top-p and min-p.
+
+    Precondition: no row is greedy (every temperature is at least
+    :data:`~pagedkv.engine.params.GREEDY_TEMPERATURE`).
+    """
+    vocab = logits.shape[1]
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    scaled = logits / temperature.unsqueeze(1)
+    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+    if bool((top_k < vocab).any()):
+        ordered = torch.sort(scaled, dim=1, descending=True).values
+        kth = ordered.gather(1, (top_k - 1).unsqueeze(1))
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    probs = torch.softmax(scaled, dim=1)
+    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype).unsqueeze(1)
+    if bool((top_p < 1.0).any()):
+        sorted_probs, order = torch.sort(probs, dim=1, descending=True)
+        before = torch.cumsum(sorted_probs, dim=1) - sorted_probs
         # Keep a token while the mass strictly before it is below top_p: the smallest set
         # reaching top_p, and always the most likely token.
-        drop_sorted = before >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        drop = torch.zeros_like(probs, dtype=torch.bool).scatter(1, order, before >= top_p)
         probs = probs.masked_fill(drop, 0.0)
-    if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    return probs / probs.sum()
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype).unsqueeze(1)
+    if bool((min_p > 0.0).any()):
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=1, keepdim=True), 0.0)
+    return probs / probs.sum(dim=1, keepdim=True)
+
+
+def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """:func:`filtered_probs_batch` of one ``[vocab]`` row."""
+    return filtered_probs_batch(logits.unsqueeze(0), [params])[0]
+
+
+def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of ``probs``: the exponential race, each row's noise from its own
+    generator."""
+    noise = torch.empty_like(probs)
+    for row, generator in enumerate(generators):
+        noise[row].exponential_(generator=generator)
+    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+    return torch.argmax(probs / noise, dim=1)
+
+
+def processed_logits(
+    logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int] = frozenset()
+) -> torch.Tensor:
+    """A copy of ``logits`` ``[R, vocab]`` with ``min_tokens``, ``logit_bias`` and the
+    penalties applied: what greedy rows take the argmax of and the others sample from."""
+    out = logits.float().clone()
+    apply_min_tokens(out, rows, stop_ids)
+    apply_logit_bias(out, rows)
+    apply_penalties(out, rows)
+    return out
+
+
+def sample_rows(
+    logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int] = frozenset()
+) -> list[Sampled]:
+    """The next token of every row of ``logits`` ``[R, vocab]`` (float32, CPU), in one batch.
+
+    ``stop_ids`` are the model's EOS tokens, masked with each row's stop tokens until it has
+    ``min_tokens`` (vLLM masks EOS even when a request ignores it).
+    """
+    if not rows:
+        return []
+    processed = processed_logits(logits, rows, stop_ids)
+    tokens = torch.argmax(processed, dim=1)
+    random = [i for i, r in enumerate(rows) if not r.params.greedy]
+    if random:
+        picked = torch.tensor(random, dtype=torch.int64)
+        probs = filtered_probs_batch(
+            processed.index_select(0, picked), [rows[i].params for i in random]
+        )
+        tokens.index_copy_(0, picked, _draw(probs, [rows[i].generator for i in random]))
+    raw = torch.log_softmax(logits.float(), dim=1)
+    chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+    tops = top_logprobs(raw, [r.params.logprobs or 0 for r in rows])
+    return [
+        Sampled(int(t), float(lp), top)
+        for t, lp, top in zip(tokens.tolist(), chosen, tops, strict=True)
+    ]
+
+
+def top_logprobs(
+    logprobs: torch.Tensor, counts: Sequence[int]
+) -> list[tuple[tuple[int, float], ...]]:
+    """The ``counts[i]`` most likely ``(token, logprob)`` pairs of each row, most likely first."""
+    widest = min(max(counts, default=0), logprobs.shape[1])
+    if widest <= 0:
+        return [() for _ in counts]
+    top = torch.topk(logprobs, widest, dim=1)
+    ids, values = top.indices.tolist(), top.values.tolist()
+    return [tuple(zip(ids[i][:k], values[i][:k], strict=True)) for i, k in enumerate(counts)]
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """The next token id for one request; ``logits`` is its ``[vocab]`` fp32 row."""
-    if params.greedy:
-        return int(torch.argmax(logits).item())
-    probs = filtered_probs(logits, params)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """The next token of one ``[vocab]`` row with no history (a convenience over
+    :func:`sample_rows`)."""
+    (result,) = sample_rows(logits.unsqueeze(0), [SampleRow(params, generator, (), ())])
+    return result.token_id
 
 
-def token_logprobs(logits: torch.Tensor, token_id: int, top_n: int) -> TokenLogprobs:
-    """Log-probabilities of the model's raw distribution at one position."""
-    logprobs = torch.log_softmax(logits, dim=-1)
-    top = torch.topk(logprobs, min(top_n, logprobs.shape[-1])) if top_n > 0 else None
-    pairs: tuple[tuple[int, float], ...] = ()
-    if top is not None:
-        pairs = tuple(
-            (int(i), float(v))
-            for i, v in zip(top.indices.tolist(), top.values.tolist(), strict=True)
-        )
-    return TokenLogprobs(token_id=token_id, logprob=float(logprobs[token_id]), top=pairs)
+def prompt_logprobs(
+    logits: torch.Tensor, targets: Sequence[int], top_n: int
+) -> list[TokenLogprobs]:
+    """Log-probabilities of ``targets[i]`` under the raw distribution of ``logits[i]``
+    (``[P, vocab]``), with their ranks and the ``top_n`` most likely tokens of each row."""
+    raw = torch.log_softmax(logits.float(), dim=1)
+    index = torch.tensor(list(targets), dtype=torch.int64).unsqueeze(1)
+    chosen = raw.gather(1, index)
+    ranks = ((raw > chosen).sum(dim=1) + 1).tolist()
+    tops = top_logprobs(raw, [top_n] * len(targets))
+    return [
+        TokenLogprobs(int(t), float(lp), top, int(rank))
+        for t, lp, top, rank in zip(targets, chosen.squeeze(1).tolist(), tops, ranks, strict=True)
+    ]

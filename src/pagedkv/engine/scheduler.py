@@ -1,22 +1,38 @@
-"""FCFS scheduler: picks each step's work under the token and sequence budgets.
+"""The scheduler: picks each step's work and is the only writer of request progress.
 
-Running requests go first, in admission order: each gets one decode token, or the next chunk of
-its prompt. Waiting requests are then admitted in arrival order while the budgets and the page
-pool allow, each taking its cached prefix and a first prefill chunk in one all-or-nothing
-allocation. When a running request cannot grow, the most recently admitted running request is
-preempted: its pages are freed and it goes back to the head of the queue, to be recomputed
-(ENG-030..ENG-034).
+Each step the engine asks it for the work (:meth:`Scheduler.schedule`) and for the step plan of
+that work (:meth:`Scheduler.build_plan`); once the model has run and the engine has sampled, it
+hands the sampled tokens back (:meth:`Scheduler.update_from_output`): the scheduler appends
+them, advances each request's computed positions, commits the pages whose K/V are now written,
+applies the token-level stop conditions, and finishes and frees those requests. Requests are
+admitted first come, first served (ENG-030).
+
+Failures are the scheduler's to apply too, one request at a time: a request whose own sampling,
+text or stop handling raised is failed alone (:meth:`Scheduler.fail`, ENG-070); a step whose
+model run raised is applied as nothing at all and its requests are tried again, the last time
+each alone, before a request is failed (:meth:`Scheduler.update_from_failure`, ENG-071, ENG-072).
+
+Two implementations, one per cache mode, chosen once by :func:`make_scheduler`:
+:class:`~pagedkv.engine.paged_scheduler.PagedScheduler` (v1, the only caller of the KVManager)
+and :class:`~pagedkv.engine.recompute_scheduler.RecomputeScheduler` (v0, no cache).
 """
 
 from __future__ import annotations
 
+import time
+from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.outputs import FinishReason, TokenLogprobs
 from pagedkv.engine.request import Request, RequestStatus
-from pagedkv.errors import InvariantViolation, OutOfPages
-from pagedkv.interfaces import KVManager
+from pagedkv.errors import InvalidRequest
+from pagedkv.interfaces import KVManager, KVStats
+from pagedkv.plan import SeqChunk, StepPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +57,31 @@ class ScheduledChunk:
         """Whether the chunk reaches the sequence's last token, so its logits are sampled."""
         return self.start + self.num_tokens == self.request.num_tokens
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Of the positions computed, those of the prompt (recomputation included)."""
+        end = min(self.start + self.num_tokens, len(self.request.prompt_token_ids))
+        return max(0, end - self.start)
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Whether the logits of every row are wanted, not only the last: the chunk computes
+        prompt positions of a request asking for prompt log-probabilities (ENG-049)."""
+        return (
+            self.request.params.prompt_logprobs is not None
+            and self.start < len(self.request.prompt_token_ids) - 1
+        )
+
+    @property
+    def num_logits(self) -> int:
+        """Rows of logits the step returns for the chunk (its last row is the sampled one)."""
+        return self.num_tokens if self.wants_prompt_logits else 1
+
+    def seq_chunk(self) -> SeqChunk:
+        """The chunk as the plan builders take it."""
+        tokens = self.request.token_ids[self.start : self.start + self.num_tokens]
+        return SeqChunk(tuple(tokens), self.start, self.pages, self.wants_prompt_logits)
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:
@@ -55,166 +96,298 @@ class SchedulerOutput:
         return sum(c.num_tokens for c in self.chunks)
 
 
-class Scheduler:
-    """Owns the waiting queue and the running list; the KVManager owns the pages."""
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """The token sampled for one completed chunk, and its log-probabilities if asked for.
 
-    def __init__(self, config: EngineConfig, kv: KVManager | None) -> None:
+    Attributes:
+        token_id: the token.
+        logprobs: its entry for the request's ``logprobs``, when asked for.
+        logprob: its log-probability, added to the sequence's cumulative log-probability.
+        forks: the first tokens of the sequences to fork from this one (its ``forks``, in
+            order), sampled from the same logits; empty unless it has any.
+    """
+
+    token_id: int
+    logprobs: TokenLogprobs | None
+    logprob: float = 0.0
+    forks: tuple[SampledToken | SampleError, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SampleError:
+    """A completed chunk whose sampling (or log-probabilities) raised: its request fails alone
+    with this message (ENG-070)."""
+
+    message: str
+
+
+#: No KV pool: the statistics of a scheduler that keeps no cache.
+NO_KV_STATS = KVStats(0, 0, 0, 0, 0, 0, 0, 0)
+
+
+class Scheduler(ABC):
+    """The waiting queue, the running list and every request's progress.
+
+    Args:
+        config: the step budgets.
+        eos_ids: tokens that end a request (unless it ignores EOS).
+        max_model_len: most positions one sequence may reach; a request reaching it ends
+            with reason ``length``.
+    """
+
+    def __init__(self, config: EngineConfig, eos_ids: frozenset[int], max_model_len: int) -> None:
         self.config = config
-        self.kv = kv
+        self.eos_ids = eos_ids
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._next_seq_id = 0
         self.num_preemptions = 0
+        self.num_failed_steps = 0
 
     def add(self, request: Request) -> None:
         """Queue a new request (FCFS)."""
         self.waiting.append(request)
 
     def has_work(self) -> bool:
+        """Whether any request is waiting or running."""
         return bool(self.waiting or self.running)
 
+    # -- the mode's part ------------------------------------------------------------------
+
+    @abstractmethod
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's chunks. Never returns an empty step while work is pending."""
-        if self.kv is None:
-            return self._schedule_recompute()
-        return self._schedule_paged(self.kv)
+        """Pick this step's chunks. Never returns an empty step while a request is running or
+        can be admitted."""
 
-    # -- v1: paged KV cache ----------------------------------------------------------------
+    @abstractmethod
+    def build_plan(self, scheduled: SchedulerOutput, device: torch.device) -> StepPlan:
+        """The step plan of ``scheduled``, its tensors on ``device``."""
 
-    def _schedule_paged(self, kv: KVManager) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
-        preempted: list[Request] = []
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            n = min(request.num_uncomputed_tokens, budget)
-            start = request.num_computed_tokens
-            if not self._grow(kv, request, start + n, preempted):
-                break  # the request preempted itself: nothing after it is running any more
-            seq_id = self._seq_id(request)
-            chunks.append(ScheduledChunk(request, start, n, kv.page_table(seq_id).pages))
-            budget -= n
-            i += 1
-        if not preempted:
-            self._admit(kv, budget, chunks)
-        return SchedulerOutput(tuple(chunks), tuple(preempted))
+    @abstractmethod
+    def kv_stats(self) -> KVStats:
+        """The page pool's accounting (all zero without a cache)."""
 
-    def _grow(self, kv: KVManager, request: Request, num_tokens: int, out: list[Request]) -> bool:
-        """Reserve ``num_tokens`` positions for ``request``, preempting the newest as needed.
+    @abstractmethod
+    def check_invariants(self) -> None:
+        """Raise :class:`~pagedkv.errors.InvariantViolation` if the bookkeeping is
+        inconsistent."""
 
-        Returns False if ``request`` itself had to be preempted.
+    @abstractmethod
+    def _computed(self, chunk: ScheduledChunk) -> None:
+        """The chunk's K/V are written: advance the request and publish what it filled."""
+
+    @abstractmethod
+    def _release(self, request: Request) -> None:
+        """Free whatever a running request holds."""
+
+    @abstractmethod
+    def _open_fork(self, parent: Request, child: Request) -> bool:
+        """Give ``child`` a copy of ``parent``'s computed prompt (shared pages in v1); whether
+        it could. Called with the parent's prompt just computed and nothing sampled yet."""
+
+    # -- after the model ran --------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduled: SchedulerOutput, sampled: Sequence[SampledToken | SampleError | None]
+    ) -> list[Request]:
+        """Apply a step's results: ``sampled[i]`` is the token of ``scheduled.chunks[i]``,
+        ``None`` for a chunk that does not complete its sequence, or a :class:`SampleError`.
+
+        Advances every chunk's request (committing the pages it filled), appends the sampled
+        tokens, and finishes and frees the requests a token stops (EOS, a stop token,
+        ``max_tokens`` or ``max_model_len``). A chunk whose sampling failed fails its request
+        alone, publishing none of the pages it filled (ENG-070). Returns the requests that got
+        a token or failed, in chunk order.
         """
-        while True:
-            try:
-                kv.grow(self._seq_id(request), num_tokens)
-                return True
-            except OutOfPages:
-                victim = self.running[-1]
-                self._preempt(kv, victim)
-                out.append(victim)
-                if victim is request:
-                    return False
-
-    def _admit(self, kv: KVManager, budget: int, chunks: list[ScheduledChunk]) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            cached = kv.cached_prefix_length(request.token_ids, request.cache_salt)
-            if self._prefix_in_flight(request, cached, kv.page_size):
-                break  # FCFS: admit it, and those behind it, once those pages are committed
-            n = min(request.num_tokens - cached, budget)
-            seq_id = self._next_seq_id
-            try:
-                allocation = kv.allocate(seq_id, request.token_ids, n, request.cache_salt)
-            except OutOfPages:
-                break  # FCFS: later requests wait behind this one
-            self._next_seq_id += 1
-            self.waiting.popleft()
-            start = allocation.num_cached_tokens
-            request.seq_id = seq_id
-            request.num_computed_tokens = start
-            request.status = RequestStatus.RUNNING
-            if request.cached_tokens is None:
-                request.cached_tokens = start
-            self.running.append(request)
-            chunks.append(ScheduledChunk(request, start, n, allocation.page_table.pages))
-            budget -= n
-
-    def _prefix_in_flight(self, request: Request, cached: int, page_size: int) -> bool:
-        """Whether a running request is still computing full pages this one would reuse.
-
-        Admitting it now would compute those pages a second time; waiting until they are
-        committed (a step or a few chunks) prefills a burst's common prefix once (ENG-026).
-        """
-        if not self.config.enable_prefix_caching:
-            return False
-        tokens = request.token_ids
-        reusable = len(tokens) - 1  # at least one token is always computed (KVM-025)
-        for other in self.running:
-            if other.cache_salt != request.cache_salt:
+        if len(sampled) != len(scheduled.chunks):
+            raise InvalidRequest(f"{len(sampled)} results for {len(scheduled.chunks)} chunks")
+        now = time.perf_counter()
+        advanced: list[Request] = []
+        for chunk, token in zip(scheduled.chunks, sampled, strict=True):
+            chunk.request.step_failures = 0
+            if isinstance(token, SampleError):
+                self.fail(chunk.request, token.message)
+                advanced.append(chunk.request)
                 continue
-            if other.num_computed_tokens >= reusable:
-                continue  # whatever it shares is committed already
-            shared = _common_prefix(tokens, other.token_ids, reusable) // page_size * page_size
-            if shared > cached and other.num_computed_tokens < shared:
-                return True
-        return False
+            self._computed(chunk)
+            if token is None:
+                continue
+            request = chunk.request
+            children = self._fork(request, token.forks, now) if request.forks else []
+            self._append(request, token, now)
+            advanced.append(request)
+            advanced.extend(children)
+        return advanced
 
-    def _preempt(self, kv: KVManager, request: Request) -> None:
-        kv.free(self._seq_id(request))
-        self.running.remove(request)
-        request.seq_id = None
-        request.num_computed_tokens = 0
-        request.status = RequestStatus.WAITING
-        request.preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(request)
+    def _append(self, request: Request, token: SampledToken, now: float) -> None:
+        """Append a sampled token to a sequence; finish it if the token stops it."""
+        self._add_token(request, token, now)
+        reason = self._stop_reason(request, token.token_id)
+        if reason is not None:
+            self.finish(request, reason)
 
-    # -- v0: recompute everything ----------------------------------------------------------
+    @staticmethod
+    def _add_token(request: Request, token: SampledToken, now: float) -> None:
+        request.token_ids.append(token.token_id)
+        request.cumulative_logprob += token.logprob
+        if request.first_token_time is None:
+            request.first_token_time = now
+        if request.logprobs is not None and token.logprobs is not None:
+            request.logprobs.append(token.logprobs)
 
-    def _schedule_recompute(self) -> SchedulerOutput:
-        """Every running request recomputes its whole sequence; admit while the budget allows.
+    def _fork(
+        self, parent: Request, tokens: Sequence[SampledToken | SampleError], now: float
+    ) -> list[Request]:
+        """Bring ``parent``'s unborn sequences to life, each with its first token (ENG-047).
 
-        The first request of a step is always scheduled, whatever its length, so the engine
-        cannot stall on a sequence longer than the token budget.
+        A sequence that token already stops never holds anything. The others share the
+        parent's computed prompt; one the pool has no page for goes to the head of the queue
+        to be recomputed, like a preempted request (with prefix caching, from the parent's
+        committed pages).
         """
-        chunks = [ScheduledChunk(r, 0, r.num_tokens, ()) for r in self.running]
-        budget = self.config.max_num_batched_tokens - sum(c.num_tokens for c in chunks)
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            if chunks and request.num_tokens > budget:
-                break
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            if request.cached_tokens is None:
-                request.cached_tokens = 0
-            self.running.append(request)
-            chunks.append(ScheduledChunk(request, 0, request.num_tokens, ()))
-            budget -= request.num_tokens
-        return SchedulerOutput(tuple(chunks), ())
+        children, parent.forks = parent.forks, []
+        if len(tokens) != len(children):
+            raise InvalidRequest(f"{len(tokens)} first tokens for {len(children)} forks")
+        unplaced: list[Request] = []
+        for child, token in zip(children, tokens, strict=True):
+            child.token_ids = list(parent.token_ids)
+            child.cached_tokens = parent.cached_tokens
+            if isinstance(token, SampleError):
+                self.fail(child, token.message)
+                continue
+            self._add_token(child, token, now)
+            reason = self._stop_reason(child, token.token_id)
+            if reason is not None:
+                self.finish(child, reason)
+            elif self._open_fork(parent, child):
+                child.status = RequestStatus.RUNNING
+                child.num_computed_tokens = parent.num_computed_tokens
+                self.running.append(child)
+            else:
+                child.status = RequestStatus.WAITING
+                child.preemptions += 1
+                self.num_preemptions += 1
+                unplaced.append(child)
+        self.waiting.extendleft(reversed(unplaced))  # in index order, ahead of the others
+        return children
 
-    # -- endings ---------------------------------------------------------------------------
+    def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
+        """Why ``token``, just appended to ``request``, ends it; records a stop token as its
+        stop reason."""
+        params = request.params
+        if not params.ignore_eos and token in self.eos_ids:
+            return FinishReason.STOP
+        if token in params.stop_token_ids:
+            request.stop_reason = token
+            return FinishReason.STOP
+        if request.num_output_tokens >= params.max_tokens:
+            return FinishReason.LENGTH
+        if request.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
 
-    def release(self, request: Request) -> None:
-        """Drop a finished or aborted request from the queues and free its pages at once."""
+    def update_from_failure(self, scheduled: SchedulerOutput, error: str) -> list[Request]:
+        """Apply a step whose model run raised (``error`` says how): as nothing.
+
+        No request advances and no page the step wrote is published (ENG-071): each request
+        keeps the pages it holds and runs the same positions again. Each counts one more
+        failed step; those past ``max_step_retries`` fail with reason ``error`` and are freed
+        (ENG-072). Returns them, in chunk order.
+
+        A request failed by a step that ran it alone is taken for the cause of the failed steps
+        it shared: every other request's count starts again, so its neighbours are not left
+        one unlucky step from failing.
+        """
+        self.num_failed_steps += 1
+        failed: list[Request] = []
+        for chunk in scheduled.chunks:
+            request = chunk.request
+            request.step_failures += 1
+            if request.step_failures > self.config.max_step_retries:
+                tries = request.step_failures
+                self.fail(request, f"{tries} steps running it failed, the last with {error}")
+                failed.append(request)
+        if len(scheduled.chunks) == 1 and failed:
+            for request in (*self.running, *self.waiting):
+                request.step_failures = 0
+        return failed
+
+    def fail(self, request: Request, error: str) -> None:
+        """End ``request`` with reason ``error`` and the message ``error``, freeing what it
+        holds (ENG-070). A request already finished (its last token stopped it) keeps its
+        pages freed and now reports the error."""
+        request.error = error
+        self.finish(request, FinishReason.ERROR)
+
+    def _alone_if_last_try(self, scheduled: SchedulerOutput) -> SchedulerOutput:
+        """``scheduled``, cut down to one chunk of a request that one more failed step would
+        fail, if any: that request runs alone, so a step that fails then fails for its sake
+        only (ENG-072). The chunks left out run in a later step (their requests stay running,
+        holding what they were given).
+
+        Of several such requests, the one that has generated the fewest tokens goes first
+        (the earliest admitted among equals): a request that has never completed a step is
+        the likelier cause, and failing it alone clears the others' counts, so they need no
+        step of their own.
+        """
+        retries = self.config.max_step_retries
+        last_tries = [
+            c for c in scheduled.chunks if retries > 0 and c.request.step_failures >= retries
+        ]
+        if not last_tries or len(scheduled.chunks) == 1:
+            return scheduled
+        chunk = min(last_tries, key=lambda c: c.request.num_output_tokens)
+        return SchedulerOutput((chunk,), scheduled.preempted)
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """End a waiting or running request now (a stop, a stop string, an abort), freeing
+        what it holds at once (ENG-012). Its unborn forks end with it (ENG-047)."""
+        for child in request.forks:
+            child.error = request.error
+            self.finish(child, reason)
+        request.forks = []
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
-            if self.kv is not None:
-                self.kv.free(self._seq_id(request))
+            self._release(request)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
-        request.seq_id = None
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finished_time = time.perf_counter()
 
-    def _seq_id(self, request: Request) -> int:
-        if request.seq_id is None:
-            raise InvariantViolation(f"request {request.request_id} holds no pages")
-        return request.seq_id
+    def _start(self, request: Request, num_cached_tokens: int) -> None:
+        """Move the head of the queue to the running list."""
+        self.waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_cached_tokens
+        if request.cached_tokens is None:
+            request.cached_tokens = num_cached_tokens
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.perf_counter()
+        self.running.append(request)
 
 
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
-    n = min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def make_scheduler(
+    config: EngineConfig,
+    kv_manager: KVManager | None,
+    *,
+    eos_ids: frozenset[int],
+    max_model_len: int,
+) -> Scheduler:
+    """The scheduler of ``config.mode``: paged over ``kv_manager`` (v1, which needs one) or
+    recomputing (v0, which must not be given one).
+
+    Raises:
+        InvalidRequest: a v1 config without a KVManager, or a v0 config with one.
+    """
+    from pagedkv.engine.paged_scheduler import PagedScheduler
+    from pagedkv.engine.recompute_scheduler import RecomputeScheduler
+
+    if config.mode == "v0":
+        if kv_manager is not None:
+            raise InvalidRequest("a v0 engine keeps no KV cache: it takes no kv_manager")
+        return RecomputeScheduler(config, eos_ids, max_model_len)
+    if kv_manager is None:
+        raise InvalidRequest("a v1 engine needs a kv_manager; a backend's create_engine builds one")
+    return PagedScheduler(config, kv_manager, eos_ids, max_model_len)

@@ -1,12 +1,14 @@
-"""The tokenizer of a model directory, and incremental detokenization for streaming."""
+"""The tokenizer of a model directory."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pagedkv.engine.chat_template import check_template_kwargs
+from pagedkv.engine.detokenizer import DecodeStep, DecodeStreamDecoder, WindowDecoder
 from pagedkv.errors import CheckpointError, InvalidRequest
 
 #: A chat message as OpenAI clients send it: ``{"role": ..., "content": ...}``.
@@ -41,14 +43,44 @@ class Tokenizer:
         """Text of ``token_ids``, special tokens skipped."""
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
 
-    def apply_chat_template(self, messages: Sequence[Message]) -> list[int]:
-        """Token ids of a chat prompt ending with the assistant's turn opened."""
+    @property
+    def hf(self) -> Any:
+        """The underlying Hugging Face tokenizer (what vLLM's ``get_tokenizer`` returns)."""
+        return self._tok
+
+    def incremental_decoder(self, *, window: bool = False) -> DecodeStep:
+        """A fresh decoder of one token stream: O(1) work per token, special tokens skipped
+        (``DecodeStream`` for a fast tokenizer; a sliding window otherwise, or when asked)."""
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        if backend is not None and not window:
+            return DecodeStreamDecoder(backend)
+        return WindowDecoder(self.decode)
+
+    def apply_chat_template(
+        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+    ) -> list[int]:
+        """Token ids of a chat prompt ending with the assistant's turn opened.
+
+        ``template_kwargs`` are further template variables (Qwen3's ``enable_thinking``); a key
+        the template does not read, or one the renderer sets itself, raises
+        :class:`InvalidRequest` naming it.
+        """
         if not self.has_chat_template:
             raise InvalidRequest("this model's tokenizer has no chat template")
+        kwargs = dict(template_kwargs or {})
+        if kwargs:
+            template = self._tok.chat_template
+            sources = template.values() if isinstance(template, dict) else [template]
+            check_template_kwargs([str(t) for t in sources], kwargs)
         text = self._tok.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
+            list(messages), tokenize=False, add_generation_prompt=True, **kwargs
         )
         return self.encode(str(text))
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the single vocabulary token spelled ``text``, or ``None``."""
+        ids = self.encode(text)
+        return ids[0] if len(ids) == 1 else None
 
 
 def eos_token_ids(model_dir: str | Path) -> frozenset[int]:
@@ -64,43 +96,3 @@ def eos_token_ids(model_dir: str | Path) -> frozenset[int]:
         elif isinstance(value, list):
             ids.update(int(v) for v in value)
     return frozenset(ids)
-
-
-class IncrementalText:
-    """Text of a growing token list, with stop strings cut (ENG-043).
-
-    Decoding the whole output each time keeps multi-byte characters right; text is released
-    only up to a complete character, so a stream never shows half of one. Until the request
-    ends, the last ``len(longest stop string) - 1`` characters are held back, as they could
-    still begin a stop string: what has been released is never taken back, so a stream of
-    ``new_text`` always adds up to the final text.
-
-    Attributes:
-        text: the text released so far (the concatenation of every ``new_text``).
-    """
-
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str]) -> None:
-        self._tokenizer = tokenizer
-        self._stop = tuple(stop)
-        self._longest_stop = max((len(s) for s in stop), default=0)
-        self._decoded = ""  # everything decoded so far, cut at a stop string
-        self.text = ""
-
-    def update(self, output_ids: Sequence[int], final: bool) -> tuple[str, bool]:
-        """Returns ``(new_text, stopped)`` after the latest token."""
-        full = self._tokenizer.decode(output_ids)
-        if full.endswith("\ufffd") and not final:
-            return "", False  # an incomplete character: wait for the next token
-        stopped = False
-        if self._stop:
-            search_from = max(0, len(self._decoded) - self._longest_stop + 1)
-            hits = [i for i in (full.find(s, search_from) for s in self._stop) if i >= 0]
-            if hits:
-                full = full[: min(hits)]
-                stopped = True
-        self._decoded = full
-        held = 0 if final or stopped else max(0, self._longest_stop - 1)
-        released = full[: max(len(self.text), len(full) - held)]
-        new = released[len(self.text) :] if released.startswith(self.text) else released
-        self.text = released
-        return new, stopped

@@ -29,9 +29,17 @@ def check_manager_invariants(manager: ReferenceKVManager) -> None:
     _require(len(free_set) == len(free), "a page is on the free list twice")
     _require(not free_set & cached_set, "a page is both free and cached")
 
-    # KVM-015: reference counts equal holders.
+    # KVM-015: reference counts equal holders, who all hold a page at the same logical page
+    # (shared pages come from prefix hits or forks, both of which keep the position).
     holders: Counter[int] = Counter()
+    logical: dict[int, int] = {}
     for seq_id, state in manager.sequences.items():
+        for position, page in enumerate(state.pages):
+            _require(
+                logical.setdefault(page, position) == position,
+                f"page {page} is logical page {logical[page]} of one sequence and {position} "
+                f"of sequence {seq_id}",
+            )
         _require(
             len(set(state.pages)) == len(state.pages),
             f"sequence {seq_id} holds a page twice",
@@ -55,8 +63,6 @@ def check_manager_invariants(manager: ReferenceKVManager) -> None:
             in_use += 1
             _require(page not in free_set, f"page {page} is in use and on the free list")
             _require(page not in cached_set, f"page {page} is in use and cached")
-        if ref > 1:
-            _require(index.entry_of(page) is not None, f"page {page} is shared but unpublished")
         if page in cached_set:
             _require(index.entry_of(page) is not None, f"cached page {page} has no prefix entry")
         if page in free_set:
@@ -66,6 +72,10 @@ def check_manager_invariants(manager: ReferenceKVManager) -> None:
     _require(in_use == pool.num_in_use, f"in-use count {pool.num_in_use} != {in_use}")
     total = in_use + len(free) + len(cached)
     _require(total == manager.num_pages, f"in use + free + cached = {total} != {manager.num_pages}")
+
+    # KVM-036: the in-flight tracker counts exactly the live sequences' uncommitted pages.
+    for problem in manager.in_flight.check(manager.sequences):
+        _require(False, problem)
 
     # KVM-020: entries describe full pages and map both ways.
     for entry in index.entries():

@@ -16,9 +16,19 @@ from pagedkv.errors import (
     InvalidRequest,
     OutOfPages,
     PagesInUse,
+    StaleMatch,
     UnknownSequence,
 )
-from pagedkv.interfaces import Allocation, KVManagerConfig, KVStats, PageTable
+from pagedkv.interfaces import (
+    Allocation,
+    Fork,
+    KVManagerConfig,
+    KVStats,
+    PageCopy,
+    PageTable,
+    PrefixMatch,
+)
+from pagedkv.kv.in_flight import InFlightPages
 from pagedkv.kv.invariants import check_manager_invariants
 from pagedkv.kv.page_pool import PagePool
 from pagedkv.kv.prefix_index import (
@@ -59,10 +69,12 @@ def _pages_for(num_tokens: int, page_size: int) -> int:
 
 
 class ReferenceKVManager:
-    """Free list + O(1) LRU + a prefix index of full pages.
+    """Free list + O(1) LRU + a prefix index of full pages + the pages still in flight.
 
     The index is the chained-hash :class:`PrefixIndex` with token verification, built with
     ``hash_fn``, unless another :class:`PrefixLookup` (such as the radix tree) is given.
+    Every successful state change replaces an opaque state token, which a
+    :class:`~pagedkv.interfaces.PrefixMatch` carries, so a match cannot be used stale (KVM-035).
     """
 
     def __init__(
@@ -76,8 +88,10 @@ class ReferenceKVManager:
         self.index: PrefixLookup = (
             index if index is not None else PrefixIndex(config.num_pages, config.page_size, hash_fn)
         )
+        self.in_flight = InFlightPages(config.page_size)
         self.sequences: dict[int, SequenceState] = {}
         self._freed_ids: OrderedDict[int, None] = OrderedDict()
+        self._state = object()
         self._query_tokens = 0
         self._hit_tokens = 0
         self._evictions = 0
@@ -103,6 +117,35 @@ class ReferenceKVManager:
         if not token_ids:
             raise InvalidRequest("token_ids must be non-empty")
         return len(self._match(token_ids, cache_salt)) * self.page_size
+
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
+        if not token_ids:
+            raise InvalidRequest("token_ids must be non-empty")
+        hits = self._match(token_ids, cache_salt)
+        max_pages = (len(token_ids) - 1) // self.page_size
+        in_flight = self.in_flight.count(token_ids, cache_salt, len(hits), max_pages)
+        return PrefixMatch(
+            token_ids=tuple(token_ids),
+            cache_salt=cache_salt,
+            hit_pages=tuple(e.page for e in hits),
+            num_cached_tokens=len(hits) * self.page_size,
+            num_in_flight_tokens=in_flight * self.page_size,
+            state=self._state,
+        )
+
+    def _check_match(
+        self, match: PrefixMatch, token_ids: Sequence[int], cache_salt: str | None
+    ) -> None:
+        if match.state is not self._state:
+            raise StaleMatch(
+                "the prefix match was taken by another manager, or before a change since"
+            )
+        if match.cache_salt != cache_salt or match.token_ids != tuple(token_ids):
+            raise StaleMatch("the prefix match is of another prompt or salt")
+
+    def _changed(self) -> None:
+        """Record a successful state change: earlier matches are stale from now on."""
+        self._state = object()
 
     def _sequence(self, seq_id: int) -> SequenceState:
         state = self.sequences.get(seq_id)
@@ -146,6 +189,8 @@ class ReferenceKVManager:
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
         if seq_id in self.sequences:
             raise DuplicateSequence(seq_id)
@@ -153,28 +198,35 @@ class ReferenceKVManager:
             raise InvalidRequest("token_ids must be non-empty")
         if num_new_tokens < 1:
             raise InvalidRequest(f"num_new_tokens must be >= 1, got {num_new_tokens}")
-        hits = self._match(token_ids, cache_salt)
+        if match is None:
+            hits = [e.page for e in self._match(token_ids, cache_salt)]
+        else:
+            self._check_match(match, token_ids, cache_salt)
+            hits = list(match.hit_pages)
         num_cached = len(hits) * self.page_size
         num_tokens = num_cached + num_new_tokens
         # Hit pages waiting in the LRU are not available to this same allocation (KVM-026).
-        pinned = sum(1 for e in hits if self.pool.is_cached(e.page))
+        pinned = sum(1 for page in hits if self.pool.is_cached(page))
         self._check_available(_pages_for(num_tokens, self.page_size) - len(hits), pinned)
         # Nothing can fail past this point. Hold the hits first, so that taking fresh pages
         # cannot evict them.
-        for entry in hits:
-            self.pool.hold(entry.page)
+        for page in hits:
+            self.pool.hold(page)
         fresh = self._take_fresh(_pages_for(num_tokens, self.page_size) - len(hits))
         state = SequenceState(
-            pages=[e.page for e in hits] + fresh,
+            pages=hits + fresh,
             num_tokens=num_tokens,
             cache_salt=cache_salt,
             num_committed_pages=len(hits),
-            chain_tail=hits[-1] if hits else None,
+            chain_tail=self.index.entry_of(hits[-1]) if hits else None,
         )
         self.sequences[seq_id] = state
         self._freed_ids.pop(seq_id, None)
+        if self.config.enable_prefix_caching:
+            self.in_flight.open(seq_id, token_ids, cache_salt, len(hits))
         self._query_tokens += len(token_ids)
         self._hit_tokens += num_cached
+        self._changed()
         return Allocation(self.page_table(seq_id), num_cached, len(fresh))
 
     def grow(self, seq_id: int, num_tokens: int) -> PageTable:
@@ -187,7 +239,33 @@ class ReferenceKVManager:
         if needed > 0:
             state.pages.extend(self._take_fresh(needed))
         state.num_tokens = num_tokens
+        self._changed()
         return self.page_table(seq_id)
+
+    def fork(self, seq_id: int, new_seq_id: int) -> Fork:
+        """Open ``new_seq_id`` on ``seq_id``'s pages (KVM-037..039): full pages shared, a
+        partial last page replaced by a fresh one that the caller fills by the returned copy."""
+        state = self._sequence(seq_id)
+        if new_seq_id in self.sequences:
+            raise DuplicateSequence(new_seq_id)
+        partial = state.num_tokens % self.page_size != 0
+        shared = state.pages[:-1] if partial else list(state.pages)
+        # Every page of the parent is in use, so taking a fresh one cannot evict it.
+        fresh = self._take_fresh(1) if partial else []
+        for page in shared:
+            self.pool.hold(page)
+        self.sequences[new_seq_id] = SequenceState(
+            pages=shared + fresh,
+            num_tokens=state.num_tokens,
+            cache_salt=state.cache_salt,
+            num_committed_pages=state.num_committed_pages,
+            chain_tail=state.chain_tail,
+            chain_broken=state.chain_broken,
+        )
+        self._freed_ids.pop(new_seq_id, None)
+        self._changed()
+        copies = (PageCopy(state.pages[-1], fresh[0]),) if partial else ()
+        return Fork(self.page_table(new_seq_id), copies)
 
     # -- publication -----------------------------------------------------------------------
 
@@ -198,23 +276,41 @@ class ReferenceKVManager:
                 f"commit of {len(token_ids)} tokens exceeds the {state.num_tokens} reserved "
                 f"for sequence {seq_id}"
             )
+        self._changed()
         if not self.config.enable_prefix_caching or state.chain_broken:
             return 0
         size = self.page_size
         published = 0
         for i in range(state.num_committed_pages, len(token_ids) // size):
             page_tokens = tuple(token_ids[i * size : (i + 1) * size])
-            entry = self.index.publish(
-                state.pages[i], state.chain_tail, page_tokens, state.cache_salt
-            )
+            entry = self.index.entry_of(state.pages[i])
+            if entry is not None:  # a sequence sharing the page since a fork published it
+                entry = entry if self._continues(state, entry, page_tokens) else None
+            else:
+                entry = self.index.publish(
+                    state.pages[i], state.chain_tail, page_tokens, state.cache_salt
+                )
+                if entry is not None and entry.page == state.pages[i]:
+                    published += 1
             if entry is None:
                 state.chain_broken = True
                 break
-            if entry.page == state.pages[i]:
-                published += 1
             state.chain_tail = entry
             state.num_committed_pages = i + 1
+        if state.chain_broken:
+            self.in_flight.close(seq_id)  # it will never publish them
+        else:
+            self.in_flight.committed(seq_id, state.num_committed_pages)
         return published
+
+    @staticmethod
+    def _continues(state: SequenceState, entry: PrefixEntry, page_tokens: tuple[int, ...]) -> bool:
+        """Whether ``entry`` is the next link of the sequence's chain for ``page_tokens``."""
+        return (
+            entry.parent is state.chain_tail
+            and entry.token_ids == page_tokens
+            and entry.cache_salt == state.cache_salt
+        )
 
     # -- release ---------------------------------------------------------------------------
 
@@ -224,7 +320,9 @@ class ReferenceKVManager:
         self._freed_ids[seq_id] = None
         if len(self._freed_ids) > FREED_IDS_REMEMBERED:
             self._freed_ids.popitem(last=False)
+        self.in_flight.close(seq_id)
         self.pool.release(reversed(state.pages), self._is_published)
+        self._changed()
 
     def _is_published(self, page: int) -> bool:
         return self.index.entry_of(page) is not None
@@ -234,6 +332,7 @@ class ReferenceKVManager:
             raise PagesInUse(self.pool.num_in_use)
         self.pool.uncache_all()
         self.index.clear()
+        self._changed()
 
     # -- observation -----------------------------------------------------------------------
 

@@ -5,6 +5,10 @@ num_kv_heads, head_dim]`` tensors for K and for V (PST-001); a flat slot ``s`` i
 ``s % page_size`` of page ``s // page_size``. The store never decides which page belongs to
 whom: it writes at the slots and reads through the page tables the caller gives (PST-030).
 
+Each step, :meth:`TorchPagedStore.prepare` checks the step's batch once and lays its attention
+out (PST-016); :meth:`TorchPagedStore.write` and :meth:`TorchPagedStore.attention` then run per
+layer without a device-to-host synchronisation.
+
 This module imports torch; :mod:`pagedkv.kv` does not import it (KVM-040).
 """
 
@@ -14,10 +18,10 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F  # noqa: N812
 
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import AttentionBatch, StoreConfig
+from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
+from pagedkv.kv.ragged_attention import AttentionLayout, plan_attention, ragged_attention
 
 #: The dtype names a :class:`~pagedkv.interfaces.StoreConfig` (and the loader) accepts.
 DTYPES: dict[str, torch.dtype] = {
@@ -87,32 +91,17 @@ def _validate_config(config: StoreConfig) -> tuple[torch.dtype, torch.device]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Chunk:
-    """One sequence attended on its own: rows ``start:stop`` over the K/V at ``slots``."""
+class PagedAttentionMetadata:
+    """What :meth:`TorchPagedStore.prepare` computed for one step: its validated layout, used
+    by every layer. Immutable; valid for any store of the same pool geometry.
 
-    start: int
-    stop: int
-    slots: torch.Tensor  # [context_len] int64
-    mask: torch.Tensor | None  # [q_len, context_len] bool, None when no masking is needed
-    is_causal: bool  # q_len == context_len: plain top-left causal mask
+    Attributes:
+        num_slots: slots per layer of the pool it was prepared for.
+        layout: the step's attention groups, their gather indices being flat slots.
+    """
 
-
-@dataclass(frozen=True, slots=True)
-class _DecodeGroup:
-    """Sequences with one query row each, attended together over a padded gather."""
-
-    rows: torch.Tensor  # [n] int64 query rows
-    slots: torch.Tensor  # [n, max_ctx] int64; positions past the context read position 0's
-    valid: torch.Tensor  # [n, max_ctx] bool, position < context_len
-
-
-@dataclass(frozen=True, slots=True)
-class _Layout:
-    """Slots and masks of one AttentionBatch, shared by every layer of a step."""
-
-    num_rows: int
-    decode: _DecodeGroup | None
-    chunks: tuple[_Chunk, ...]
+    num_slots: int
+    layout: AttentionLayout
 
 
 class TorchPagedStore:
@@ -139,8 +128,6 @@ class TorchPagedStore:
             config.head_dim,
         )
         self._kv = torch.zeros(shape, dtype=dtype, device=device)
-        self._layout_batch: AttentionBatch | None = None
-        self._layout: _Layout | None = None
 
     @classmethod
     def from_budget(cls, config: StoreConfig, budget_bytes: int) -> TorchPagedStore:
@@ -181,14 +168,16 @@ class TorchPagedStore:
         """Store ``key[i]`` and ``value[i]`` (``[num_kv_heads, head_dim]``) at ``slots[i]``.
 
         Preconditions: ``slots`` is ``[N]`` integer with distinct values in
-        ``[0, num_slots)``; ``key`` and ``value`` are ``[N, num_kv_heads, head_dim]``. They are
-        cast to the pool dtype and detached from autograd.
+        ``[0, num_slots)``, as :meth:`prepare` checks a step's slot mapping once before its
+        writes; ``key`` and ``value`` are ``[N, num_kv_heads, head_dim]``. They are cast to
+        the pool dtype and detached from autograd. Nothing here synchronises with the device.
 
         Raises:
-            InvalidRequest: a layer, shape or slot out of range.
+            InvalidRequest: a layer or shape out of range, or (on the CPU, where the copy
+                reports it; possibly after writing the slots before it) a slot.
         """
         self._check_layer(layer)
-        index = self._check_slots(slots)
+        index = self._slot_index(slots)
         expected = (index.shape[0], self._config.num_kv_heads, self._config.head_dim)
         for name, tensor in (("key", key), ("value", value)):
             if tuple(tensor.shape) != expected:
@@ -196,8 +185,11 @@ class TorchPagedStore:
                     f"{name} must be shaped {list(expected)}, got {list(tensor.shape)}"
                 )
         pool_dtype = self._kv.dtype
-        self._flat(0, layer).index_copy_(0, index, key.detach().to(pool_dtype))
-        self._flat(1, layer).index_copy_(0, index, value.detach().to(pool_dtype))
+        try:
+            self._flat(0, layer).index_copy_(0, index, key.detach().to(pool_dtype))
+            self._flat(1, layer).index_copy_(0, index, value.detach().to(pool_dtype))
+        except IndexError as exc:
+            raise InvalidRequest(f"slots outside 0..{self._num_slots - 1}: {exc}") from exc
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V stored at ``slots``, each ``[len(slots), num_kv_heads, head_dim]``.
@@ -206,141 +198,51 @@ class TorchPagedStore:
             InvalidRequest: a layer or slot out of range.
         """
         self._check_layer(layer)
-        index = self._check_slots(slots)
+        index = self._slot_index(slots)
+        self._check_range(index, self._num_slots, "slots")
         return (
             self._flat(0, layer).index_select(0, index),
             self._flat(1, layer).index_select(0, index),
         )
 
-    # -- attention ---------------------------------------------------------------------------
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Make page ``dst[i]`` hold, in every layer, the K and V page ``src[i]`` held before
+        the call (PST-006): a fork's partial page becoming the new sequence's own.
 
-    def attention(
-        self,
-        layer: int,
-        query: torch.Tensor,
-        batch: AttentionBatch,
-        scale: float,
-    ) -> torch.Tensor:
-        """Causal attention of ``query`` ``[T, num_heads, head_dim]`` over paged K/V.
-
-        Sequence ``b`` owns rows ``query_start[b]:query_start[b+1]``: its last ``q_len``
-        positions of ``context_len``, so its row ``j`` sees positions
-        ``0..context_len - q_len + j`` (PST-011). Its K/V are gathered through its page table
-        only up to ``context_len`` (PST-020); sequences with a single row are batched over a
-        padded gather whose padding re-reads the sequence's position 0 and is masked out, so
-        stale slot contents never reach the result (PST-013). ``num_heads`` must be a multiple
-        of ``num_kv_heads`` (GQA).
-
-        The slots and masks of ``batch`` are computed on the first call for it and reused by
-        later calls with the same object (every layer of a step): do not modify its tensors
-        in place between calls.
-
-        Returns:
-            ``[T, num_heads, head_dim]`` in ``query``'s dtype.
+        Checks its arguments, so it synchronises with the device once; a step calls it at
+        most once, before its first write.
 
         Raises:
-            InvalidRequest: no page tables (a cache-less batch), or shapes, offsets, context
-                lengths or pages out of range.
+            InvalidRequest: ``src`` and ``dst`` not 1-D integer tensors of equal length, a page
+                outside the pool, a ``dst`` page named twice or also a ``src`` page.
         """
-        self._check_layer(layer)
-        if query.dim() != 3 or query.shape[2] != self._config.head_dim:
-            raise InvalidRequest(
-                f"query must be [T, num_heads, {self._config.head_dim}], got {list(query.shape)}"
-            )
-        if query.shape[1] % self._config.num_kv_heads != 0:
-            raise InvalidRequest(
-                f"num_heads={query.shape[1]} is not a multiple of "
-                f"num_kv_heads={self._config.num_kv_heads}"
-            )
-        layout = self._layout_of(batch)
-        if layout.num_rows != query.shape[0]:
-            raise InvalidRequest(
-                f"the batch covers {layout.num_rows} query rows, query has {query.shape[0]}"
-            )
-        keys, values = self._flat(0, layer), self._flat(1, layer)
-        out = torch.empty_like(query)
-        if layout.decode is not None:
-            out.index_copy_(
-                0, layout.decode.rows, self._decode(query, keys, values, layout.decode, scale)
-            )
-        for chunk in layout.chunks:
-            out[chunk.start : chunk.stop] = self._chunk(query, keys, values, chunk, scale)
-        return out
+        source, target = self._slot_index(src), self._slot_index(dst)
+        if source.shape != target.shape:
+            raise InvalidRequest(f"{source.shape[0]} source pages for {target.shape[0]} targets")
+        if not source.numel():
+            return
+        pages = self._config.num_pages
+        self._check_range(source, pages, "source pages")
+        self._check_range(target, pages, "target pages")
+        names = target.tolist()
+        if len(set(names)) != len(names) or set(names) & set(source.tolist()):
+            raise InvalidRequest(f"target pages {names} repeat or overlap the source pages")
+        self._kv[:, :, target] = self._kv[:, :, source]
 
-    def _decode(
-        self,
-        query: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        group: _DecodeGroup,
-        scale: float,
-    ) -> torch.Tensor:
-        q = query.index_select(0, group.rows)[:, :, None, :]  # [n, H, 1, D]
-        # index_select on the flat slots gathers about 2x faster than advanced indexing.
-        n, width = group.slots.shape
-        flat = group.slots.reshape(-1)
-        k = keys.index_select(0, flat).view(n, width, *keys.shape[1:])
-        v = values.index_select(0, flat).view(n, width, *values.shape[1:])
-        k = k.to(query.dtype).transpose(1, 2)  # [n, KV, max_ctx, D]
-        v = v.to(query.dtype).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=group.valid[:, None, None, :], scale=scale, enable_gqa=True
-        )
-        return out[:, :, 0, :]
+    # -- attention ---------------------------------------------------------------------------
 
-    def _chunk(
-        self,
-        query: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        chunk: _Chunk,
-        scale: float,
-    ) -> torch.Tensor:
-        # 4-D inputs (a batch of one): unbatched 3-D ones miss the fused CPU kernel.
-        q = query[None, chunk.start : chunk.stop].transpose(1, 2)  # [1, H, q_len, D]
-        k = keys.index_select(0, chunk.slots).to(query.dtype)[None].transpose(1, 2)
-        v = values.index_select(0, chunk.slots).to(query.dtype)[None].transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=chunk.mask,
-            is_causal=chunk.is_causal,
-            scale=scale,
-            enable_gqa=True,
-        )
-        return out[0].transpose(0, 1)
+    def prepare(self, batch: AttentionBatch) -> PagedAttentionMetadata:
+        """Check ``batch`` once and lay out its attention for every layer of the step (PST-016).
 
-    # -- helpers ----------------------------------------------------------------------------
+        Sequence ``b`` owns query rows ``query_start[b]:query_start[b+1]``: its last ``q_len``
+        positions of ``context_len``. Its K/V are gathered through its page table only up to
+        ``context_len`` (PST-020). Every host-side computation of the step happens here.
 
-    def _flat(self, kv: int, layer: int) -> torch.Tensor:
-        c = self._config
-        return self._kv[kv, layer].view(self._num_slots, c.num_kv_heads, c.head_dim)
-
-    def _check_layer(self, layer: int) -> None:
-        if not 0 <= layer < self._config.num_layers:
-            raise InvalidRequest(f"layer {layer} outside 0..{self._config.num_layers - 1}")
-
-    def _check_slots(self, slots: torch.Tensor) -> torch.Tensor:
-        if slots.dim() != 1 or slots.dtype.is_floating_point or slots.dtype == torch.bool:
-            raise InvalidRequest(
-                f"slots must be a 1-D integer tensor, got {slots.dtype} {list(slots.shape)}"
-            )
-        index = slots.to(device=self._kv.device, dtype=torch.int64)
-        if index.numel():
-            low, high = (int(x) for x in torch.aminmax(index))
-            if low < 0 or high >= self._num_slots:
-                raise InvalidRequest(f"slots span {low}..{high}, outside 0..{self._num_slots - 1}")
-        return index
-
-    def _layout_of(self, batch: AttentionBatch) -> _Layout:
-        """The batch's layout, computed once per batch object and reused by every layer."""
-        if batch is not self._layout_batch or self._layout is None:
-            self._layout = self._build_layout(batch)
-            self._layout_batch = batch
-        return self._layout
-
-    def _build_layout(self, batch: AttentionBatch) -> _Layout:
+        Raises:
+            InvalidRequest: no page tables (a cache-less batch); offsets not ``[B+1]`` from 0;
+                a sequence with no rows, more rows than context, or more context than its page
+                table holds; a page, or a slot of ``batch.slot_mapping``, outside the pool.
+        """
         if batch.page_tables is None:
             raise InvalidRequest("paged attention needs page tables; the batch has none (v0)")
         device = self._kv.device
@@ -355,12 +257,7 @@ class TorchPagedStore:
             )
         if tables.dim() != 2 or tables.shape[0] != num_seqs:
             raise InvalidRequest(f"page_tables must be [{num_seqs}, max_pages]")
-        if tables.numel():
-            low, high = (int(x) for x in torch.aminmax(tables))
-            if low < 0 or high >= self._config.num_pages:
-                raise InvalidRequest(
-                    f"page tables name pages {low}..{high}, outside 0..{self._config.num_pages - 1}"
-                )
+        self._check_range(tables, self._config.num_pages, "page tables name pages")
         capacity = tables.shape[1] * page_size
         for b in range(num_seqs):
             q_len = starts[b + 1] - starts[b]
@@ -369,42 +266,93 @@ class TorchPagedStore:
                     f"sequence {b}: need 1 <= q_len ({q_len}) <= context_len ({contexts[b]}) "
                     f"<= page table capacity ({capacity})"
                 )
-        decode_ids = [b for b in range(num_seqs) if starts[b + 1] - starts[b] == 1]
-        decode: _DecodeGroup | None = None
-        if decode_ids:
-            max_ctx = max(contexts[b] for b in decode_ids)
-            positions = torch.arange(max_ctx, device=device)
-            ids = torch.tensor(decode_ids, dtype=torch.int64, device=device)
-            ctx = torch.tensor([contexts[b] for b in decode_ids], dtype=torch.int64, device=device)
-            pages = tables.index_select(0, ids)[:, positions // page_size]
-            slots = pages * page_size + positions % page_size
-            valid = positions[None, :] < ctx[:, None]
-            decode = _DecodeGroup(
-                rows=torch.tensor(
-                    [starts[b] for b in decode_ids], dtype=torch.int64, device=device
-                ),
-                # Padding re-reads the sequence's own position 0 (always written, so finite)
-                # rather than stale slots, which may hold anything; the mask zeroes its weight.
-                slots=torch.where(valid, slots, slots[:, :1]),
-                valid=valid,
-            )
-        chunks: list[_Chunk] = []
-        for b in range(num_seqs):
-            q_len, ctx_len = starts[b + 1] - starts[b], contexts[b]
-            if q_len == 1:
-                continue
-            positions = torch.arange(ctx_len, device=device)
-            mask: torch.Tensor | None = None
-            if q_len < ctx_len:
-                last_seen = torch.arange(ctx_len - q_len, ctx_len, device=device)
-                mask = positions[None, :] <= last_seen[:, None]
-            chunks.append(
-                _Chunk(
-                    start=starts[b],
-                    stop=starts[b + 1],
-                    slots=tables[b, positions // page_size] * page_size + positions % page_size,
-                    mask=mask,
-                    is_causal=q_len == ctx_len,
+        if batch.slot_mapping is not None:
+            slots = self._slot_index(batch.slot_mapping)
+            if slots.shape[0] != starts[-1]:
+                raise InvalidRequest(
+                    f"slot_mapping has {slots.shape[0]} slots for {starts[-1]} query rows"
                 )
+            self._check_range(slots, self._num_slots, "slots")
+
+        def slots_of(seqs: list[int], width: int) -> torch.Tensor:
+            positions = torch.arange(width, device=device)
+            ids = torch.tensor(seqs, dtype=torch.int64, device=device)
+            pages = tables.index_select(0, ids)[:, positions // page_size]
+            return pages * page_size + positions % page_size
+
+        layout = plan_attention(starts, contexts, slots_of, device)
+        return PagedAttentionMetadata(num_slots=self._num_slots, layout=layout)
+
+    def attention(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Causal attention of ``query`` ``[T, num_heads, head_dim]`` over paged K/V, laid out
+        by :meth:`prepare`.
+
+        Sequence ``b``'s row ``j`` sees positions ``0..context_len - q_len + j`` (PST-011).
+        Decode tokens are batched over a padded gather whose padding re-reads the sequence's
+        position 0 and is masked out, so stale slot contents never reach the result
+        (PST-013); prefill chunks of equal shape share a call. ``num_heads`` must be a multiple
+        of ``num_kv_heads`` (GQA). No host synchronisation.
+
+        Returns:
+            ``[T, num_heads, head_dim]`` in ``query``'s dtype.
+
+        Raises:
+            InvalidRequest: metadata not prepared by a store of this pool's geometry, or a
+                layer or query shape out of range.
+        """
+        self._check_layer(layer)
+        if (
+            not isinstance(metadata, PagedAttentionMetadata)
+            or metadata.num_slots != self._num_slots
+        ):
+            raise InvalidRequest("the metadata was not prepared by a store of this pool")
+        if query.dim() != 3 or query.shape[2] != self._config.head_dim:
+            raise InvalidRequest(
+                f"query must be [T, num_heads, {self._config.head_dim}], got {list(query.shape)}"
             )
-        return _Layout(num_rows=starts[-1], decode=decode, chunks=tuple(chunks))
+        if query.shape[1] % self._config.num_kv_heads != 0:
+            raise InvalidRequest(
+                f"num_heads={query.shape[1]} is not a multiple of "
+                f"num_kv_heads={self._config.num_kv_heads}"
+            )
+        if metadata.layout.num_rows != query.shape[0]:
+            raise InvalidRequest(
+                f"the batch covers {metadata.layout.num_rows} query rows, query has "
+                f"{query.shape[0]}"
+            )
+        return ragged_attention(
+            query, self._flat(0, layer), self._flat(1, layer), metadata.layout, scale
+        )
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _flat(self, kv: int, layer: int) -> torch.Tensor:
+        c = self._config
+        return self._kv[kv, layer].view(self._num_slots, c.num_kv_heads, c.head_dim)
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self._config.num_layers:
+            raise InvalidRequest(f"layer {layer} outside 0..{self._config.num_layers - 1}")
+
+    def _slot_index(self, slots: torch.Tensor) -> torch.Tensor:
+        """``slots`` as an int64 index on the pool's device; its values are not checked."""
+        if slots.dim() != 1 or slots.dtype.is_floating_point or slots.dtype == torch.bool:
+            raise InvalidRequest(
+                f"slots must be a 1-D integer tensor, got {slots.dtype} {list(slots.shape)}"
+            )
+        return slots.to(device=self._kv.device, dtype=torch.int64)
+
+    @staticmethod
+    def _check_range(values: torch.Tensor, bound: int, what: str) -> None:
+        """Raise unless every value is in ``[0, bound)``: a host synchronisation, so only
+        :meth:`prepare` and :meth:`read` call it."""
+        if values.numel():
+            low, high = (int(x) for x in torch.aminmax(values))
+            if low < 0 or high >= bound:
+                raise InvalidRequest(f"{what} {low}..{high}, outside 0..{bound - 1}")

@@ -1,64 +1,19 @@
-"""Qwen3 grouped-query self-attention, over this step's tokens (v0) or a PagedStore (v1).
+"""Qwen3 grouped-query self-attention over the step's :class:`StepAttention`.
 
 Per layer: project to q/k/v, RMS-normalise each query and key head (Qwen3's ``q_norm`` and
-``k_norm``, before RoPE), rotate q and k by their positions, attend, project back.
-
-* v0 plan (``plan.slot_mapping is None``): each sequence's rows are its whole context, so
-  attention is plain causal attention within each sequence's rows of this step.
-* v1 plan: the step's K/V are written to the store at ``plan.slot_mapping`` first, then the
-  store attends over each sequence's paged context.
+``k_norm``, before RoPE), rotate q and k by their positions, attend, project back. Where the
+keys and values live (a PagedStore in v1, the step's own rows in v0) is the step attention's
+business, prepared once per step by the runner (see :mod:`pagedkv.model.step_attention`).
 """
 
 from __future__ import annotations
 
-import itertools
-
 import torch
-import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import PagedStore
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.layers import RMSNorm, apply_rotary
-from pagedkv.plan import StepPlan
-
-
-def causal_attention_per_sequence(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    query_start: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Causal attention within each sequence's rows, no cache.
-
-    Args:
-        query: ``[T, num_heads, head_dim]``.
-        key: ``[T, num_kv_heads, head_dim]``; ``num_kv_heads`` divides ``num_heads``.
-        value: ``[T, num_kv_heads, head_dim]``.
-        query_start: ``[B+1]`` row offsets; sequence ``b``'s rows are its positions ``0..``.
-        scale: softmax scale applied to ``q . k``.
-
-    Returns:
-        ``[T, num_heads, head_dim]``.
-    """
-    out = torch.empty_like(query)
-    starts = [int(x) for x in query_start.tolist()]
-    for start, stop in itertools.pairwise(starts):
-        if stop <= start:
-            raise InvalidRequest(f"a sequence owns no query rows ({start}:{stop})")
-        # 4-D inputs (a batch of one): unbatched 3-D ones miss the fused CPU kernel.
-        rows = F.scaled_dot_product_attention(
-            query[None, start:stop].transpose(1, 2),
-            key[None, start:stop].transpose(1, 2),
-            value[None, start:stop].transpose(1, 2),
-            is_causal=True,
-            scale=scale,
-            enable_gqa=True,
-        )
-        out[start:stop] = rows[0].transpose(0, 1)
-    return out
+from pagedkv.model.step_attention import StepAttention
 
 
 class Qwen3Attention(nn.Module):
@@ -89,8 +44,7 @@ class Qwen3Attention(nn.Module):
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        plan: StepPlan,
-        store: PagedStore | None,
+        attention: StepAttention,
     ) -> torch.Tensor:
         """Attend this step's tokens.
 
@@ -98,8 +52,7 @@ class Qwen3Attention(nn.Module):
             hidden: ``[T, hidden_size]`` normalised hidden states.
             cos: ``[T, head_dim]`` RoPE table for the plan's positions.
             sin: ``[T, head_dim]``.
-            plan: the step plan.
-            store: required when the plan uses the cache; written at ``plan.slot_mapping``.
+            attention: the step's attention, shared by every layer.
 
         Returns:
             ``[T, hidden_size]``.
@@ -110,14 +63,6 @@ class Qwen3Attention(nn.Module):
         v = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
-        if plan.slot_mapping is None:
-            attended = causal_attention_per_sequence(
-                q, k, v, plan.attention.query_start, self.scale
-            )
-        else:
-            if store is None:
-                raise InvalidRequest("a plan that uses the KV cache needs a PagedStore")
-            store.write(self.layer, plan.slot_mapping, k, v)
-            attended = store.attention(self.layer, q, plan.attention, self.scale)
+        attended = attention(self.layer, q, k, v, self.scale)
         out: torch.Tensor = self.o_proj(attended.reshape(tokens, self.num_heads * self.head_dim))
         return out

@@ -1,9 +1,11 @@
-"""The model configuration: the fields of a Hugging Face Qwen3 ``config.json`` pagedkv uses.
+"""The model configuration: the fields of a Hugging Face Qwen3 or Qwen3-MoE ``config.json``.
 
 :meth:`ModelConfig.from_dict` validates everything it reads. A field pagedkv needs but the
 file lacks raises :class:`~pagedkv.errors.CheckpointError` naming the field; an option pagedkv
-does not implement (another architecture, RoPE scaling, sliding-window attention, an activation
-other than SiLU) raises :class:`~pagedkv.errors.UnsupportedModel` naming the field.
+does not implement (another architecture, a length-dependent RoPE type, sliding-window
+attention, an activation other than SiLU, a key it does not know) raises
+:class:`~pagedkv.errors.UnsupportedModel` naming the field. The RoPE variant is read by
+:mod:`pagedkv.model.rope_config`, the known keys are listed in :mod:`pagedkv.model.config_keys`.
 """
 
 from __future__ import annotations
@@ -14,13 +16,41 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedkv.errors import CheckpointError, UnsupportedModel
+from pagedkv.model.config_keys import check_known_keys
+from pagedkv.model.rope_config import RopeConfig, parse_rope
 
-#: The architecture and model type pagedkv implements.
-SUPPORTED_ARCHITECTURE = "Qwen3ForCausalLM"
-SUPPORTED_MODEL_TYPE = "qwen3"
+#: The model types pagedkv implements and the one architecture each declares.
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 #: Defaults taken when an optional field is absent (those of transformers' ``Qwen3Config``).
 DEFAULT_MAX_POSITION_EMBEDDINGS = 32768
+
+
+@dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """The sparse mixture-of-experts MLP of Qwen3-MoE (``model_type: qwen3_moe``).
+
+    Attributes:
+        num_experts: experts per sparse layer.
+        num_experts_per_tok: experts each token is routed to (top-k), <= ``num_experts``.
+        moe_intermediate_size: width of each expert's SwiGLU hidden layer.
+        norm_topk_prob: whether the top-k routing probabilities are renormalised to sum to 1.
+        decoder_sparse_step: layer ``i`` is sparse when ``(i + 1) % decoder_sparse_step == 0``
+            and ``i`` is not in ``mlp_only_layers``; the others use the dense MLP of width
+            ``intermediate_size``.
+        mlp_only_layers: layers forced dense.
+    """
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` uses the sparse MoE block (transformers' rule)."""
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,13 +66,15 @@ class ModelConfig:
         num_key_value_heads: key/value heads per layer; divides ``num_attention_heads``.
         head_dim: channels per head (need not equal ``hidden_size / num_attention_heads``).
         rms_norm_eps: epsilon added to the mean square in every RMSNorm.
-        rope_theta: RoPE base frequency.
-        max_position_embeddings: positions the model was trained for.
+        rope: the RoPE variant and its parameters (base frequency, scaling).
+        max_position_embeddings: the config's ``max_position_embeddings``; see
+            :attr:`max_positions` for the context the model serves.
         tie_word_embeddings: whether the LM head reuses the embedding table.
         attention_bias: whether the q/k/v/o projections carry a bias.
         eos_token_id: end-of-sequence ids, possibly empty.
         bos_token_id: beginning-of-sequence id, if any.
         dtype: the dtype name the checkpoint declares (``dtype`` or ``torch_dtype``), if any.
+        moe: the sparse MLP of a Qwen3-MoE model, ``None`` for dense Qwen3.
     """
 
     vocab_size: int
@@ -53,13 +85,30 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     rms_norm_eps: float
-    rope_theta: float
+    rope: RopeConfig
     max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     eos_token_id: tuple[int, ...] = ()
     bos_token_id: int | None = None
     dtype: str | None = None
+    moe: MoeConfig | None = None
+
+    @property
+    def rope_theta(self) -> float:
+        """RoPE base frequency."""
+        return self.rope.theta
+
+    @property
+    def max_positions(self) -> int:
+        """Positions the model serves: ``max_position_embeddings``, scaled by the RoPE type
+        (YaRN: ``original_max_position_embeddings * factor``; linear: ``* factor``)."""
+        return self.rope.context_length(self.max_position_embeddings)
+
+    @property
+    def model_type(self) -> str:
+        """``qwen3_moe`` when the model has sparse layers' config, else ``qwen3``."""
+        return "qwen3" if self.moe is None else "qwen3_moe"
 
     @property
     def num_kv_groups(self) -> int:
@@ -84,7 +133,7 @@ class ModelConfig:
             UnsupportedModel: the architecture or an option is not implemented.
             CheckpointError: a required field is missing or has the wrong type or range.
         """
-        _check_supported(raw)
+        moe = _check_supported(raw)
         heads = _positive_int(raw, "num_attention_heads")
         hidden = _positive_int(raw, "hidden_size")
         kv_heads = (
@@ -107,26 +156,29 @@ class ModelConfig:
             head_dim = _positive_int(raw, "head_dim")
         if head_dim % 2 != 0:
             raise CheckpointError(f"head_dim must be even for RoPE, got {head_dim}")
+        max_positions = (
+            DEFAULT_MAX_POSITION_EMBEDDINGS
+            if raw.get("max_position_embeddings") is None
+            else _positive_int(raw, "max_position_embeddings")
+        )
+        layers = _positive_int(raw, "num_hidden_layers")
         return cls(
             vocab_size=_positive_int(raw, "vocab_size"),
             hidden_size=hidden,
             intermediate_size=_positive_int(raw, "intermediate_size"),
-            num_hidden_layers=_positive_int(raw, "num_hidden_layers"),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=_positive_float("rms_norm_eps", raw.get("rms_norm_eps")),
-            rope_theta=_rope_theta(raw),
-            max_position_embeddings=(
-                DEFAULT_MAX_POSITION_EMBEDDINGS
-                if raw.get("max_position_embeddings") is None
-                else _positive_int(raw, "max_position_embeddings")
-            ),
+            rope=parse_rope(raw, max_positions),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=_bool(raw, "tie_word_embeddings", default=False),
             attention_bias=_bool(raw, "attention_bias", default=False),
             eos_token_id=_token_ids(raw, "eos_token_id"),
             bos_token_id=_optional_token_id(raw, "bos_token_id"),
             dtype=_dtype_name(raw),
+            moe=_moe(raw, layers) if moe else None,
         )
 
     @classmethod
@@ -153,23 +205,27 @@ class ModelConfig:
         return cls.from_dict(raw)
 
 
-def _check_supported(raw: Mapping[str, object]) -> None:
+def _check_supported(raw: Mapping[str, object]) -> bool:
+    """Refuse what pagedkv does not implement; whether the model is a Qwen3-MoE."""
     if "model_type" not in raw:
         raise CheckpointError("config field 'model_type' is missing")
-    if raw["model_type"] != SUPPORTED_MODEL_TYPE:
+    model_type = raw["model_type"]
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise UnsupportedModel(
-            f"config field 'model_type' is {raw['model_type']!r}; only "
-            f"{SUPPORTED_MODEL_TYPE!r} is supported"
+            f"config field 'model_type' is {model_type!r}; supported: "
+            f"{', '.join(repr(t) for t in ARCHITECTURES)}"
         )
+    architecture = ARCHITECTURES[model_type]
     architectures = raw.get("architectures")
     if architectures is not None and (
-        not isinstance(architectures, list)
-        or any(a != SUPPORTED_ARCHITECTURE for a in architectures)
+        not isinstance(architectures, list) or any(a != architecture for a in architectures)
     ):
         raise UnsupportedModel(
-            f"config field 'architectures' is {architectures!r}; only "
-            f"[{SUPPORTED_ARCHITECTURE!r}] is supported"
+            f"config field 'architectures' is {architectures!r}; model_type {model_type!r} "
+            f"supports only [{architecture!r}]"
         )
+    moe = model_type == "qwen3_moe"
+    check_known_keys(raw, moe)
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModel(f"config field 'hidden_act' is {act!r}; only 'silu' is supported")
@@ -182,38 +238,53 @@ def _check_supported(raw: Mapping[str, object]) -> None:
         raise UnsupportedModel(
             "config field 'layer_types' asks for layers other than 'full_attention'"
         )
-    scaling = raw.get("rope_scaling")
-    if scaling is not None and _rope_type(scaling) != "default":
-        raise UnsupportedModel(
-            f"config field 'rope_scaling' is {scaling!r}; only default RoPE is supported"
-        )
+    return moe
 
 
-def _rope_type(params: object) -> object:
-    if not isinstance(params, dict):
-        return params
-    return params.get("rope_type", params.get("type", "default"))
-
-
-def _rope_theta(raw: Mapping[str, object]) -> float:
-    """``rope_parameters.rope_theta`` (transformers 5) or the legacy top-level ``rope_theta``."""
-    params = raw.get("rope_parameters")
-    if params is not None:
-        if not isinstance(params, dict):
-            raise CheckpointError(f"config field 'rope_parameters' is not an object: {params!r}")
-        rope_type = _rope_type(params)
-        if rope_type != "default":
-            raise UnsupportedModel(
-                f"config field 'rope_parameters.rope_type' is {rope_type!r}; only 'default' "
-                "is supported"
-            )
-        if params.get("rope_theta") is not None:
-            return _positive_float("rope_parameters.rope_theta", params["rope_theta"])
-    if raw.get("rope_theta") is None:
+def _moe(raw: Mapping[str, object], layers: int) -> MoeConfig:
+    """The MoE fields of a ``qwen3_moe`` config (defaults: transformers' ``Qwen3MoeConfig``)."""
+    experts = _num_experts(raw)
+    top_k = _positive_int(raw, "num_experts_per_tok")
+    if top_k > experts:
         raise CheckpointError(
-            "config field 'rope_theta' (or 'rope_parameters.rope_theta') is missing"
+            f"config field 'num_experts_per_tok' ({top_k}) exceeds num_experts ({experts})"
         )
-    return _positive_float("rope_theta", raw["rope_theta"])
+    step = (
+        1 if raw.get("decoder_sparse_step") is None else _positive_int(raw, "decoder_sparse_step")
+    )
+    dense = raw.get("mlp_only_layers")
+    if dense is None:
+        dense = []
+    if not isinstance(dense, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers for i in dense
+    ):
+        raise CheckpointError(
+            f"config field 'mlp_only_layers' must list layer indices in [0, {layers}), "
+            f"got {dense!r}"
+        )
+    return MoeConfig(
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        moe_intermediate_size=_positive_int(raw, "moe_intermediate_size"),
+        norm_topk_prob=_bool(raw, "norm_topk_prob", default=False),
+        decoder_sparse_step=step,
+        mlp_only_layers=tuple(sorted(set(dense))),
+    )
+
+
+def _num_experts(raw: Mapping[str, object]) -> int:
+    """``num_experts`` (released checkpoints) or ``num_local_experts`` (what transformers 5
+    writes); both present must agree."""
+    names = [n for n in ("num_experts", "num_local_experts") if raw.get(n) is not None]
+    if not names:
+        raise CheckpointError("config field 'num_experts' (or 'num_local_experts') is missing")
+    values = {_positive_int(raw, n) for n in names}
+    if len(values) > 1:
+        raise CheckpointError(
+            f"config fields 'num_experts' ({raw['num_experts']}) and 'num_local_experts' "
+            f"({raw['num_local_experts']}) disagree"
+        )
+    return values.pop()
 
 
 def _positive_int(raw: Mapping[str, object], name: str) -> int:

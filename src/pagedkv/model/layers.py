@@ -1,8 +1,8 @@
-"""The position-wise building blocks of Qwen3: RMSNorm, rotary embedding and the SwiGLU MLP.
+"""The position-wise building blocks of Qwen3: RMSNorm, the rotation by RoPE tables and the
+SwiGLU MLP (the tables themselves are in :mod:`pagedkv.model.rope`).
 
 Numerics follow transformers' Qwen3: RMSNorm normalises in float32 and casts back before the
-weight multiplies; RoPE angles are computed in float32 and ``cos``/``sin`` cast to the
-activation dtype; rotation uses the "rotate half" layout (channel ``i`` pairs with
+weight multiplies; rotation uses the "rotate half" layout (channel ``i`` pairs with
 ``i + head_dim/2``).
 """
 
@@ -34,49 +34,6 @@ class RMSNorm(nn.Module):
         x32 = x.to(torch.float32)
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding tables for given positions (default RoPE, no scaling).
-
-    The inverse frequencies ``theta ** (-2i / head_dim)`` are computed once, in float32 on the
-    CPU, and are not parameters: a model built on the meta device still has them.
-
-    Args:
-        head_dim: channels per head, even.
-        theta: RoPE base, > 0.
-    """
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        self.head_dim = head_dim
-        self.theta = theta
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim
-        self._inv_freq_cpu = 1.0 / (theta**exponents)
-        self._inv_freq_by_device: dict[torch.device, torch.Tensor] = {}
-
-    def _inv_freq(self, device: torch.device) -> torch.Tensor:
-        cached = self._inv_freq_by_device.get(device)
-        if cached is None:
-            cached = self._inv_freq_cpu.to(device)
-            self._inv_freq_by_device[device] = cached
-        return cached
-
-    def forward(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos`` and ``sin`` tables for ``positions``.
-
-        Args:
-            positions: ``[T]`` int64 token positions.
-            dtype: the activation dtype the tables are cast to.
-
-        Returns:
-            ``(cos, sin)``, each ``[T, head_dim]``.
-        """
-        freqs = positions.to(torch.float32)[:, None] * self._inv_freq(positions.device)[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

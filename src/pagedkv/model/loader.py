@@ -1,10 +1,11 @@
-"""Load a Hugging Face Qwen3 checkpoint (``config.json`` + safetensors) into the model.
+"""Load a Hugging Face Qwen3 or Qwen3-MoE checkpoint (``config.json`` + safetensors).
 
 The model is built on the meta device, materialised once on the target device (``to_empty``),
 then filled tensor by tensor straight from the safetensors file(s): at no moment does a second
 full copy of the weights exist. Every tensor name and shape is checked against the model before
 any weight is read, so a bad checkpoint fails fast with a :class:`~pagedkv.errors.CheckpointError`
-that names the offending tensor.
+that names the offending tensor. Per-expert MoE tensors are copied into the model's stacked
+expert parameters (:mod:`pagedkv.model.checkpoint_layout`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from pagedkv.errors import CheckpointError
 from pagedkv.kv.paged_store import torch_device, torch_dtype
+from pagedkv.model.checkpoint_layout import TensorPiece, checkpoint_pieces
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 
@@ -60,16 +62,19 @@ def load_model(
     paths, index = _weight_files(directory)
     with torch.device("meta"):
         model = Qwen3ForCausalLM(config)
-    params = dict(model.named_parameters())
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     with ExitStack() as stack:
         handles = {path: stack.enter_context(_open(path)) for path in paths}
         locations = _locate(index, handles, config)
-        _check_names(params, locations)
-        _check_shapes(params, locations, handles)
+        pieces = checkpoint_pieces(shapes, locations.keys())
+        _check_names(pieces, locations)
+        _check_shapes(pieces, locations, handles)
         model = model.to(dtype=target_dtype).to_empty(device=target_device)
-        for name, param in model.named_parameters():
+        params = dict(model.named_parameters())
+        for piece in pieces:
+            path = locations[piece.tensor]
             with torch.no_grad():
-                param.copy_(_read(handles[locations[name]], name, locations[name]))
+                params[piece.param][piece.index].copy_(_read(handles[path], piece.tensor, path))
     model.eval()
     model.requires_grad_(False)
     return model
@@ -150,11 +155,12 @@ def _names(names: set[str]) -> str:
     return shown + (f" and {extra} more" if extra > 0 else "")
 
 
-def _check_names(params: Mapping[str, torch.nn.Parameter], locations: Mapping[str, Path]) -> None:
-    missing = set(params) - set(locations)
+def _check_names(pieces: list[TensorPiece], locations: Mapping[str, Path]) -> None:
+    needed = {piece.tensor for piece in pieces}
+    missing = needed - set(locations)
     if missing:
         raise CheckpointError(f"checkpoint is missing tensor(s) {_names(missing)}")
-    unexpected = set(locations) - set(params)
+    unexpected = set(locations) - needed
     if unexpected:
         raise CheckpointError(
             f"checkpoint has tensor(s) the model does not use: {_names(unexpected)}"
@@ -162,15 +168,13 @@ def _check_names(params: Mapping[str, torch.nn.Parameter], locations: Mapping[st
 
 
 def _check_shapes(
-    params: Mapping[str, torch.nn.Parameter],
-    locations: Mapping[str, Path],
-    handles: Mapping[Path, _Handle],
+    pieces: list[TensorPiece], locations: Mapping[str, Path], handles: Mapping[Path, _Handle]
 ) -> None:
-    for name, param in params.items():
-        found = handles[locations[name]].shape(name)
-        if found != tuple(param.shape):
+    for piece in pieces:
+        found = handles[locations[piece.tensor]].shape(piece.tensor)
+        if found != piece.shape:
             raise CheckpointError(
-                f"tensor {name!r} has shape {list(found)}, expected {list(param.shape)}"
+                f"tensor {piece.tensor!r} has shape {list(found)}, expected {list(piece.shape)}"
             )
 
 

@@ -2,25 +2,85 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 
 from pagedkv import __version__
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.errors import InvalidRequest
+from pagedkv.interfaces import Engine
+from pagedkv.server.admission import AdmissionLimits
 from pagedkv.server.async_engine import AsyncEngine
+from pagedkv.server.auth import ApiKeyAuth
 from pagedkv.server.errors import install_error_handlers
 from pagedkv.server.limits import BodySizeLimit
+from pagedkv.server.metrics import ServingMetrics
+from pagedkv.server.reasoning import reasoning_parser
 from pagedkv.server.routes import ServerState, router
+from pagedkv.server.stats_log import log_throughput, startup_summary
+from pagedkv.server.tokenize import router as tokenize_router
 
 #: Default bound of a request body, bytes.
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: Default seconds between two throughput lines in the log.
+DEFAULT_LOG_STATS_INTERVAL_S = 10.0
+
+logger = logging.getLogger("pagedkv.server")
 
 
-def create_app(engine: LLMEngine, model_name: str, max_body_bytes: int) -> FastAPI:
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the app admits, authenticates and reports (``pagedkv serve`` flags).
+
+    Attributes:
+        limits: admission limits (prompts per request, waiting requests, request deadline).
+        api_keys: keys a request must present as ``Authorization: Bearer KEY``; empty for no
+            authentication.
+        cache_salt_per_api_key: give each API key its own prefix-cache namespace; needs
+            ``api_keys``.
+        log_stats_interval_s: seconds between throughput lines in the log; ``None`` for none.
+        reasoning_parser: a reasoning parser (``qwen3``) splitting chat replies into
+            ``reasoning_content`` and ``content``, or ``None``.
+    """
+
+    limits: AdmissionLimits = field(default_factory=AdmissionLimits)
+    api_keys: tuple[str, ...] = ()
+    cache_salt_per_api_key: bool = False
+    log_stats_interval_s: float | None = DEFAULT_LOG_STATS_INTERVAL_S
+    reasoning_parser: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cache_salt_per_api_key and not self.api_keys:
+            raise InvalidRequest("cache_salt_per_api_key needs at least one API key")
+        if any(not key for key in self.api_keys):
+            raise InvalidRequest("API keys must not be empty")
+        interval = self.log_stats_interval_s
+        if interval is not None and not (interval > 0 and math.isfinite(interval)):
+            raise InvalidRequest(f"log_stats_interval_s must be > 0, got {interval}")
+
+    @property
+    def auth_summary(self) -> str:
+        """How requests are authenticated, for the log (never the keys)."""
+        if not self.api_keys:
+            return "none"
+        salted = ", one prefix-cache salt per key" if self.cache_salt_per_api_key else ""
+        return f"{len(self.api_keys)} API key(s){salted}"
+
+
+def create_app(
+    engine: Engine,
+    model_name: str,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    *,
+    config: ServerConfig | None = None,
+) -> FastAPI:
     """An OpenAI-compatible app serving ``engine`` as the model ``model_name``.
 
     The engine is owned by a background thread from the app's startup to its shutdown (the
@@ -29,29 +89,69 @@ def create_app(engine: LLMEngine, model_name: str, max_body_bytes: int) -> FastA
 
     Args:
         engine: a freshly built engine with no requests.
-        model_name: the name requests must give as ``model``.
+        model_name: the name requests may give as ``model``.
         max_body_bytes: larger request bodies are answered 413; at least 1.
+        config: limits, authentication, logging and the reasoning parser (defaults when
+            ``None``).
 
     Raises:
-        InvalidRequest: ``max_body_bytes`` < 1 or an empty ``model_name``.
+        InvalidRequest: ``max_body_bytes`` < 1, an empty ``model_name``, or a reasoning parser
+            that is unknown or that the model's tokenizer cannot support.
     """
     if max_body_bytes < 1:
         raise InvalidRequest(f"max_body_bytes must be >= 1, got {max_body_bytes}")
     if not model_name:
         raise InvalidRequest("model_name must not be empty")
-    bridge = AsyncEngine(engine)
+    config = config or ServerConfig()
+    reasoning = (
+        None
+        if config.reasoning_parser is None
+        else reasoning_parser(config.reasoning_parser, engine.tokenizer)
+    )
+    metrics = ServingMetrics(model_name, engine.max_model_len)
+    bridge = AsyncEngine(engine, config.limits, observer=metrics.observe)
+    metrics.watch_engine(bridge.stats)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         bridge.start()
+        logger.info("%s", startup_summary(model_name, bridge, config.auth_summary))
+        reporter = None
+        if config.log_stats_interval_s is not None:
+            reporter = asyncio.ensure_future(
+                log_throughput(bridge, metrics, config.log_stats_interval_s)
+            )
         try:
             yield
         finally:
+            if reporter is not None:
+                reporter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reporter
+            in_flight = bridge.stats()
             bridge.shutdown()
+            stats = bridge.stats()
+            log = logger.info if stats.pages_in_use == 0 else logger.error
+            log(
+                "engine stopped: %d requests aborted, %d KV pages in use",
+                in_flight.running + in_flight.waiting,
+                stats.pages_in_use,
+            )
 
     app = FastAPI(title="pagedkv", version=__version__, lifespan=lifespan)
-    app.state.server = ServerState(engine=bridge, model_name=model_name, created=int(time.time()))
+    app.state.server = ServerState(
+        engine=bridge,
+        model_name=model_name,
+        created=int(time.time()),
+        metrics=metrics,
+        reasoning=reasoning,
+    )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
+    if config.api_keys:  # added last: runs first, before any body is read
+        app.add_middleware(
+            ApiKeyAuth, keys=config.api_keys, tenant_per_key=config.cache_salt_per_api_key
+        )
     app.include_router(router)
+    app.include_router(tokenize_router)
     return app

@@ -1,10 +1,19 @@
-"""An asyncio front for the synchronous :class:`~pagedkv.engine.engine.LLMEngine`.
+"""An asyncio front for a synchronous :class:`~pagedkv.interfaces.Engine`.
 
 One background thread owns the engine: it alone tokenizes, adds, steps and aborts, so the
 engine needs no locks. Request handlers submit work through a thread-safe command queue and
 receive each request's outputs on their own ``asyncio.Queue``, filled from the engine thread
 with ``loop.call_soon_threadsafe``. The thread steps while any request is unfinished and
 sleeps on the command queue otherwise.
+
+Admission (see :mod:`pagedkv.server.admission`) happens at both ends: the prompt count is checked
+when a request is submitted, the queue depth on the engine thread when it is added (where the
+engine's count of waiting requests is exact), and deadlines between steps.
+
+Failures stay with the request they belong to (SRV-023, SRV-024): a request the engine finishes
+with reason ``error``, or whose output the server fails to serve, fails alone, and the rest of
+its submission is aborted; a step that raises is tried again, and only a run of them ends what
+is in flight.
 """
 
 from __future__ import annotations
@@ -13,23 +22,32 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 import queue
 import threading
+import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.outputs import EngineStats, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Message
 from pagedkv.errors import InvalidRequest, PagedKVError
-from pagedkv.server.metrics import ServingMetrics
+from pagedkv.interfaces import Engine
+from pagedkv.server.admission import AdmissionLimits, DeadlineExceeded, Deadlines
+
+T = TypeVar("T")
 
 #: Seconds the engine thread waits for a command when a step scheduled nothing.
 IDLE_POLL_S = 0.005
 #: Seconds ``shutdown`` waits for the engine thread to end.
 SHUTDOWN_TIMEOUT_S = 10.0
+#: Steps in a row that may raise before every request in flight is ended (SRV-023).
+MAX_STEP_ERRORS = 3
+
+logger = logging.getLogger("pagedkv.server")
 
 
 class EngineUnavailable(PagedKVError):
@@ -37,14 +55,22 @@ class EngineUnavailable(PagedKVError):
 
 
 class EngineFailure(PagedKVError):
-    """A step raised; every request in flight at that moment was ended with this error."""
+    """:data:`MAX_STEP_ERRORS` steps in a row raised; every request in flight at that moment
+    was ended with this error."""
+
+
+class RequestFailed(PagedKVError):
+    """This request failed alone: the engine finished it with reason ``error`` (ENG-070..072),
+    or serving its output failed. The rest of its submission was aborted."""
 
 
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
-    """A conversation, rendered through the tokenizer's chat template on the engine thread."""
+    """A conversation, rendered through the tokenizer's chat template on the engine thread,
+    with further template variables (``chat_template_kwargs``)."""
 
     messages: tuple[Message, ...]
+    template_kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
 
 #: What a request generates from: text, token ids, or a conversation.
@@ -89,6 +115,8 @@ class _Submit:
     params: SamplingParams
     fill_context: bool
     token_texts: bool
+    cache_salt: str | None
+    deadline: float | None  # time.monotonic() seconds
     sink: _Sink
     accepted: concurrent.futures.Future[None]
 
@@ -98,18 +126,27 @@ class _Abort:
     request_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """Run ``function`` on the engine thread (which owns the tokenizer) and keep its result."""
+
+    function: Callable[[], Any]
+    result: concurrent.futures.Future[Any]
+
+
 class _Stop:
     pass
 
 
-_Command = _Submit | _Abort | _Stop
+_Command = _Submit | _Abort | _Call | _Stop
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Route:
     sink: _Sink
     index: int
     token_texts: bool
+    seen: bool = False  # an output was routed already (its prompt's token texts were sent)
 
 
 class GenerationStream:
@@ -134,13 +171,15 @@ class GenerationStream:
         """Yield items in step order until every prompt has finished.
 
         Raises:
-            EngineFailure: a step failed; the requests are already ended.
+            RequestFailed: one of its requests failed; the others are aborted.
+            EngineFailure: steps kept failing; the requests are already ended.
             EngineUnavailable: the engine stopped; the requests are already ended.
+            DeadlineExceeded: the submission ran past its deadline; the requests are aborted.
         """
         while self._unfinished:
             item = await self._items.get()
             if isinstance(item, BaseException):
-                self._unfinished.clear()
+                self.abort()  # the submission fails as a whole: free what is left of it
                 raise item
             if item.output.finished:
                 self._unfinished.discard(item.output.request_id)
@@ -160,14 +199,31 @@ class AsyncEngine:
     the thread that owns the event loop.
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        limits: AdmissionLimits | None = None,
+        *,
+        observer: Callable[[RequestOutput], None] | None = None,
+    ) -> None:
+        """Args:
+        engine: a freshly built engine with no requests.
+        limits: the admission limits (defaults when ``None``).
+        observer: called on the engine thread with every output (metrics); must not raise.
+        """
         self._engine = engine
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._routes: dict[str, _Route] = {}
         self._thread: threading.Thread | None = None
         self._stats = engine.stats()
-        self.metrics = ServingMetrics()
+        self._observer = observer
+        self._admitting = threading.Event()
+        self._admitting.set()
+        self._deadlines = Deadlines()
+        self._step_errors = 0
+        self.limits = limits if limits is not None else AdmissionLimits()
         self.max_model_len = engine.max_model_len
+        self.generation_defaults = engine.generation_defaults
 
     # -- lifecycle (event-loop side) --------------------------------------------------------
 
@@ -177,12 +233,25 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="pagedkv-engine", daemon=True)
         self._thread.start()
 
+    def stop_admitting(self) -> None:
+        """Refuse every later submission (``EngineUnavailable``, answered 503) while the
+        requests already accepted go on: the first step of a graceful shutdown."""
+        self._admitting.clear()
+
+    @property
+    def is_admitting(self) -> bool:
+        """Whether the engine runs and new submissions are accepted."""
+        return self.is_running and self._admitting.is_set()
+
     def shutdown(self) -> None:
         """Abort every request in flight and stop the engine thread."""
+        self._admitting.clear()
         thread = self._thread
         if thread is not None and thread.is_alive():
             self._commands.put(_Stop())
             thread.join(SHUTDOWN_TIMEOUT_S)
+        if thread is not None and not thread.is_alive():
+            self._fail_pending()  # submitted while the thread was stopping
 
     @property
     def is_running(self) -> bool:
@@ -201,32 +270,50 @@ class AsyncEngine:
         *,
         fill_context: bool = False,
         token_texts: bool = False,
+        cache_salt: str | None = None,
     ) -> GenerationStream:
         """Queue one request per prompt, all or none.
 
         Args:
-            prompts: at least one prompt.
+            prompts: at least one prompt, at most ``limits.max_prompts_per_request``.
             params: sampling parameters shared by every prompt.
             fill_context: replace ``params.max_tokens`` by the positions left in the model's
                 context after each prompt.
             token_texts: decode the token ids of logprobs entries (see :class:`StreamItem`).
+            cache_salt: the prefix-cache namespace of every prompt: pages are shared only
+                between requests with the same salt.
 
         Raises:
-            InvalidRequest: a prompt is invalid or can never fit (``RequestTooLong``); nothing
-                was queued.
-            EngineUnavailable: the engine thread is not running.
+            InvalidRequest: a prompt is invalid or can never fit (``RequestTooLong``), or there
+                are too many (``TooManyPrompts``); nothing was queued.
+            QueueFull: the engine's waiting queue has no room for them now.
+            EngineUnavailable: the engine thread is not running, or the server is shutting
+                down.
         """
         if not self.is_running:
             raise EngineUnavailable("the engine is not running")
+        if not self._admitting.is_set():
+            raise EngineUnavailable("the server is shutting down")
         if not prompts:
             raise InvalidRequest("the prompt is empty")
+        self.limits.check_prompts(len(prompts))
+        timeout = self.limits.request_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
         items: asyncio.Queue[StreamItem | BaseException] = asyncio.Queue()
         base = uuid.uuid4().hex
         request_ids = tuple(f"{base}-{i}" for i in range(len(prompts)))
         accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
         sink = _Sink(asyncio.get_running_loop(), items)
         command = _Submit(
-            request_ids, tuple(prompts), params, fill_context, token_texts, sink, accepted
+            request_ids,
+            tuple(prompts),
+            params,
+            fill_context,
+            token_texts,
+            cache_salt,
+            deadline,
+            sink,
+            accepted,
         )
         self._commands.put(command)
         stream = GenerationStream(self, request_ids, items)
@@ -241,6 +328,37 @@ class AsyncEngine:
         """Ask the engine thread to abort these requests; unknown or finished ids are
         ignored. Returns at once."""
         self._commands.put(_Abort(tuple(request_ids)))
+
+    async def run_on_engine(self, function: Callable[[], T]) -> T:
+        """``function()`` run on the engine thread, between two steps: the way to use the
+        engine's tokenizer, which that thread owns.
+
+        Raises:
+            EngineUnavailable: the engine thread is not running.
+            Exception: whatever ``function`` raised.
+        """
+        if not self.is_running:
+            raise EngineUnavailable("the engine is not running")
+        result: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._commands.put(_Call(function, result))
+        return await asyncio.wrap_future(result)
+
+    async def tokenize(self, prompt: PromptInput) -> list[int]:
+        """The token ids :meth:`submit` would give the engine for ``prompt``.
+
+        Raises:
+            InvalidRequest: the model has no tokenizer (or chat template) for this prompt.
+        """
+        return await self.run_on_engine(lambda: self._tokenize(prompt))
+
+    async def detokenize(self, token_ids: Sequence[int], *, each: bool = False) -> list[str]:
+        """The text of ``token_ids`` (special tokens skipped): one string, or with ``each``
+        one per token.
+
+        Raises:
+            InvalidRequest: the model has no tokenizer.
+        """
+        return await self.run_on_engine(lambda: self._detokenize(token_ids, each))
 
     # -- the engine thread ------------------------------------------------------------------
 
@@ -259,6 +377,7 @@ class AsyncEngine:
             if not self._drain(idle_timeout if busy else None):
                 return
             idle_timeout = 0.0
+            self._expire_deadlines()
             self._stats = self._engine.stats()
             if self._engine.has_unfinished_requests():
                 steps = self._stats.steps
@@ -281,10 +400,13 @@ class AsyncEngine:
                     return True
             if isinstance(command, _Stop):
                 self._end_all(EngineUnavailable("the server is shutting down"))
+                self._fail_pending()
                 self._stats = self._engine.stats()
                 return False
             if isinstance(command, _Submit):
                 self._add(command)
+            elif isinstance(command, _Call):
+                self._call(command)
             else:
                 self._abort(command.request_ids)
             command = None
@@ -294,6 +416,7 @@ class AsyncEngine:
             return  # the handler went away before its request was queued
         added: list[str] = []
         try:
+            self.limits.check_queue(self._engine.stats().waiting, len(command.prompts))
             for index, (request_id, prompt) in enumerate(
                 zip(command.request_ids, command.prompts, strict=True)
             ):
@@ -302,14 +425,52 @@ class AsyncEngine:
                 if command.fill_context:
                     left = max(1, self._engine.max_model_len - len(token_ids))
                     params = dataclasses.replace(params, max_tokens=left)
-                self._engine.add_request(token_ids, params, request_id=request_id)
+                self._engine.add_request(
+                    token_ids, params, request_id=request_id, cache_salt=command.cache_salt
+                )
                 added.append(request_id)
                 self._routes[request_id] = _Route(command.sink, index, command.token_texts)
         except Exception as exc:  # typed engine errors, or a tokenizer's own
             self._abort(added)
             command.accepted.set_exception(exc)
             return
+        if command.deadline is not None:
+            self._deadlines.add(command.deadline, command.request_ids)
         command.accepted.set_result(None)
+
+    def _fail_pending(self) -> None:
+        """Refuse the commands still queued once the thread has stopped serving."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            future: concurrent.futures.Future[Any] | None = None
+            if isinstance(command, _Submit):
+                future = command.accepted
+            elif isinstance(command, _Call):
+                future = command.result
+            if future is not None and future.set_running_or_notify_cancel():
+                future.set_exception(EngineUnavailable("the server is shutting down"))
+
+    def _call(self, command: _Call) -> None:
+        if not command.result.set_running_or_notify_cancel():
+            return
+        try:
+            command.result.set_result(command.function())
+        except Exception as exc:  # handed to the caller
+            command.result.set_exception(exc)
+
+    def _expire_deadlines(self) -> None:
+        """End every routed request whose deadline has passed with ``DeadlineExceeded``."""
+        timeout = self.limits.request_timeout_s
+        for request_id in self._deadlines.due(time.monotonic()):
+            route = self._routes.get(request_id)
+            if route is not None:
+                route.sink.put(
+                    DeadlineExceeded(f"the request did not finish within {timeout} seconds")
+                )
+                self._abort([request_id])
 
     def _tokenize(self, prompt: PromptInput) -> list[int]:
         tokenizer = self._engine.tokenizer
@@ -318,33 +479,76 @@ class AsyncEngine:
         if tokenizer is None:
             raise InvalidRequest("this model has no tokenizer: send token ids")
         if isinstance(prompt, ChatPrompt):
-            return tokenizer.apply_chat_template(prompt.messages)
+            return tokenizer.apply_chat_template(prompt.messages, prompt.template_kwargs)
         return tokenizer.encode(prompt)
+
+    def _detokenize(self, token_ids: Sequence[int], each: bool) -> list[str]:
+        tokenizer = self._engine.tokenizer
+        if tokenizer is None:
+            raise InvalidRequest("this model has no tokenizer")
+        if each:
+            return [tokenizer.decode([i]) for i in token_ids]
+        return [tokenizer.decode(token_ids)]
 
     def _abort(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
             self._routes.pop(request_id, None)
             output = self._engine.abort(request_id)
             if output is not None:
-                self.metrics.observe(output)
+                self._observe(output)
 
     def _step(self) -> None:
         try:
             outputs = self._engine.step()
-        except Exception as exc:  # a bug or a device error: end what was in flight, go on
-            self._end_all(EngineFailure(f"engine step failed: {type(exc).__name__}: {exc}"))
-            self._stats = self._engine.stats()
+        except Exception as exc:  # an engine that does not isolate its failures, or a bug
+            self._step_raised(exc)
             return
+        self._step_errors = 0
         self._stats = self._engine.stats()  # published before any output reaches a handler
         for output in outputs:
-            self.metrics.observe(output)
-            route = self._routes.get(output.request_id)
-            if route is None:
-                continue
-            texts = self._token_texts(output) if route.token_texts else {}
-            route.sink.put(StreamItem(route.index, output, texts))
-            if output.finished:
-                del self._routes[output.request_id]
+            self._observe(output)
+            self._route(output)
+
+    def _route(self, output: RequestOutput) -> None:
+        """Hand ``output`` to its handler; a failed request, or one whose output cannot be
+        served, fails alone (SRV-024)."""
+        route = self._routes.get(output.request_id)
+        if route is None:
+            return
+        if output.error is not None:  # one completion failed, and with it the request
+            self._fail(output.request_id, route, output.error)
+            return
+        try:
+            texts = self._token_texts(output, prompt=not route.seen) if route.token_texts else {}
+        except Exception as exc:  # this request's own output: it fails alone
+            self._fail(output.request_id, route, f"serving its output failed: {exc!r}")
+            return
+        route.seen = True
+        route.sink.put(StreamItem(route.index, output, texts))
+        if output.finished:
+            del self._routes[output.request_id]
+
+    def _fail(self, request_id: str, route: _Route, error: str) -> None:
+        """End one request with :class:`RequestFailed`, aborting it if it still runs."""
+        logger.warning("request %s failed: %s", request_id, error)
+        route.sink.put(RequestFailed(f"the request failed: {error}"))
+        self._abort([request_id])
+
+    def _step_raised(self, exc: Exception) -> None:
+        """A step raised: step again, unless :data:`MAX_STEP_ERRORS` did in a row; then end
+        what is in flight, which the engine cannot tell apart (SRV-023)."""
+        self._step_errors += 1
+        logger.warning("engine step failed (%d in a row): %r", self._step_errors, exc)
+        if self._step_errors >= MAX_STEP_ERRORS:
+            self._step_errors = 0
+            message = f"{MAX_STEP_ERRORS} engine steps in a row failed, the last: {exc!r}"
+            self._end_all(EngineFailure(message))
+        with contextlib.suppress(Exception):
+            self._stats = self._engine.stats()
+
+    def _observe(self, output: RequestOutput) -> None:
+        if self._observer is not None:
+            self._observer(output)
 
     def _end_all(self, error: PagedKVError) -> None:
         routes = list(self._routes.items())
@@ -355,14 +559,23 @@ class AsyncEngine:
             except Exception:  # the engine may be inconsistent after a failed step
                 self._routes.pop(request_id, None)
 
-    def _token_texts(self, output: RequestOutput) -> dict[int, str]:
-        tokenizer = self._engine.tokenizer
-        if output.logprobs is None or not output.new_token_ids:
-            return {}
+    def _token_texts(self, output: RequestOutput, *, prompt: bool) -> dict[int, str]:
+        """The text of every token id in the new logprobs entries of each completion (chosen
+        and top tokens), and with ``prompt`` of the prompt's tokens and their alternatives
+        (for ``echo`` and ``prompt_logprobs``)."""
         ids: set[int] = set()
-        for entry in output.logprobs[-len(output.new_token_ids) :]:
-            ids.add(entry.token_id)
-            ids.update(token for token, _ in entry.top)
+        for completion in output.outputs:
+            if completion.logprobs is None or not completion.new_token_ids:
+                continue
+            for entry in completion.logprobs[-len(completion.new_token_ids) :]:
+                ids.add(entry.token_id)
+                ids.update(token for token, _ in entry.top)
+        if prompt:
+            ids.update(output.prompt_token_ids)
+            for prompt_entry in output.prompt_logprobs or ():
+                if prompt_entry is not None:
+                    ids.update(token for token, _ in prompt_entry.top)
+        tokenizer = self._engine.tokenizer
         if tokenizer is None:
             return {i: f"token_id:{i}" for i in ids}
         return {i: tokenizer.decode([i]) for i in ids}

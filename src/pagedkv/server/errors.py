@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -11,17 +12,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagedkv.engine.params import InvalidSamplingParams
+from pagedkv.engine.chat_template import InvalidTemplateKwargs
+from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.errors import InvalidRequest, RequestTooLong
-from pagedkv.server.async_engine import EngineFailure, EngineUnavailable
+from pagedkv.server.admission import DeadlineExceeded, QueueFull, TooManyPrompts
+from pagedkv.server.async_engine import EngineFailure, EngineUnavailable, RequestFailed
 from pagedkv.server.protocol import ErrorInfo, ErrorResponse
 
 E = TypeVar("E", bound=Exception)
 
 #: Sampling fields an ``InvalidSamplingParams`` message may start with, for ``param``.
-_SAMPLING_FIELDS = frozenset(
-    {"max_tokens", "temperature", "top_k", "top_p", "min_p", "logprobs", "stop", "stop_token_ids"}
-)
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+#: Seconds a client is told to wait after a 503 while the server shuts down or restarts.
+UNAVAILABLE_RETRY_AFTER_S = 5
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates escaped (``\\ud800``), so it can be encoded as UTF-8:
+    an error message may quote what a client sent."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class APIError(Exception):
@@ -35,10 +44,22 @@ class APIError(Exception):
         error_type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
-        self.info = ErrorInfo(message=message, type=error_type, param=param, code=code)
+        self.headers = headers
+        self.info = ErrorInfo(
+            message=printable(message),
+            type=error_type,
+            param=None if param is None else printable(param),
+            code=code,
+        )
+
+    def response(self) -> JSONResponse:
+        """The JSON response carrying this error."""
+        body = ErrorResponse(error=self.info).model_dump()
+        return JSONResponse(body, self.status_code, headers=self.headers)
 
 
 def error_response(
@@ -50,8 +71,7 @@ def error_response(
     code: str | None = None,
 ) -> JSONResponse:
     """A JSON response with body ``{"error": {"message", "type", "param", "code"}}``."""
-    body = ErrorResponse(error=ErrorInfo(message=message, type=error_type, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status_code)
+    return APIError(status_code, message, error_type=error_type, param=param, code=code).response()
 
 
 def invalid_request_error(exc: InvalidRequest) -> APIError:
@@ -59,10 +79,14 @@ def invalid_request_error(exc: InvalidRequest) -> APIError:
     message = str(exc)
     if isinstance(exc, RequestTooLong):
         return APIError(400, message, param="max_tokens", code="context_length_exceeded")
+    if isinstance(exc, TooManyPrompts):
+        return APIError(400, message, param="prompt", code="too_many_prompts")
     if isinstance(exc, InvalidSamplingParams):
         first = re.split(r"[\s,:]", message, maxsplit=1)[0]
         param = first if first in _SAMPLING_FIELDS else None
         return APIError(400, message, param=param, code="invalid_sampling_params")
+    if isinstance(exc, InvalidTemplateKwargs):
+        return APIError(400, message, param="chat_template_kwargs", code="invalid_request")
     return APIError(400, message, code="invalid_request")
 
 
@@ -77,15 +101,30 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(loc) or None
     where = f"{param}: " if param else ""
-    return APIError(400, f"{where}{first.get('msg', 'invalid value')}", param=param)
+    code = "invalid_unicode" if first.get("type") == "string_unicode" else None
+    return APIError(400, f"{where}{first.get('msg', 'invalid value')}", param=param, code=code)
 
 
 def _unavailable(exc: EngineUnavailable) -> APIError:
-    return APIError(503, str(exc), error_type="server_error", code="unavailable")
+    retry = {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)}
+    return APIError(503, str(exc), error_type="server_error", code="unavailable", headers=retry)
+
+
+def _queue_full(exc: QueueFull) -> APIError:
+    retry = {"Retry-After": str(exc.retry_after_s)}
+    return APIError(429, str(exc), error_type="rate_limit_error", code="queue_full", headers=retry)
+
+
+def _deadline(exc: DeadlineExceeded) -> APIError:
+    return APIError(504, str(exc), error_type="timeout_error", code="deadline_exceeded")
 
 
 def _failure(exc: EngineFailure) -> APIError:
     return APIError(500, str(exc), error_type="server_error", code="engine_failure")
+
+
+def _request_failed(exc: RequestFailed) -> APIError:
+    return APIError(500, str(exc), error_type="server_error", code="request_failed")
 
 
 def _http(exc: StarletteHTTPException) -> APIError:
@@ -109,19 +148,36 @@ def _handler(
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:
         error = convert(exc) if isinstance(exc, kind) else _unexpected(exc)
-        return JSONResponse(ErrorResponse(error=error.info).model_dump(), error.status_code)
+        return error.response()
 
     return handle
 
 
+#: Each handled exception type and its conversion, most specific first.
+_CONVERSIONS: tuple[tuple[type[Any], Callable[[Any], APIError]], ...] = (
+    (APIError, _same),
+    (RequestValidationError, _validation_error),
+    (InvalidRequest, invalid_request_error),
+    (QueueFull, _queue_full),
+    (DeadlineExceeded, _deadline),
+    (EngineUnavailable, _unavailable),
+    (EngineFailure, _failure),
+    (RequestFailed, _request_failed),
+    (StarletteHTTPException, _http),
+)
+
+
+def api_error(exc: Exception) -> APIError:
+    """The OpenAI error answering ``exc``: what the handlers send, and what a stream sends as
+    its error event once its status line has gone out."""
+    for kind, convert in _CONVERSIONS:
+        if isinstance(exc, kind):
+            return convert(exc)
+    return _unexpected(exc)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error the app returns an OpenAI-style body."""
-    app.add_exception_handler(APIError, _handler(APIError, _same))
-    app.add_exception_handler(
-        RequestValidationError, _handler(RequestValidationError, _validation_error)
-    )
-    app.add_exception_handler(InvalidRequest, _handler(InvalidRequest, invalid_request_error))
-    app.add_exception_handler(EngineUnavailable, _handler(EngineUnavailable, _unavailable))
-    app.add_exception_handler(EngineFailure, _handler(EngineFailure, _failure))
-    app.add_exception_handler(StarletteHTTPException, _handler(StarletteHTTPException, _http))
+    for kind, convert in _CONVERSIONS:
+        app.add_exception_handler(kind, _handler(kind, convert))
     app.add_exception_handler(Exception, _handler(Exception, _unexpected))

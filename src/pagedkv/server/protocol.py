@@ -1,18 +1,39 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
-Only the fields pagedkv implements are declared; unknown request fields (``user``,
-``frequency_penalty``, ...) are accepted and ignored, as OpenAI clients send some by default.
+Every declared request field is honored, or refused (SRV-100): a field made with
+:func:`refused` is declared so that a request using it is answered 400 naming it, unless it
+holds its neutral value (``tools: []``, ``response_format: {"type": "text"}``, ...). Unknown
+request fields (``user``, ...) are accepted, as OpenAI clients send some by default, kept in
+``model_extra`` and logged as ignored (see :mod:`pagedkv.server.request_checks`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+#: ``json_schema_extra`` key of a refused field: why it is refused.
+REFUSED = "x-pagedkv-refused"
+#: ``json_schema_extra`` key of a refused field's neutral values, which are accepted.
+NEUTRAL = "x-pagedkv-neutral"
+
+
+def refused(reason: str, *neutral: Any) -> Any:
+    """A declared field pagedkv does not implement: absent, ``None`` or one of ``neutral`` it
+    is accepted (it changes nothing), anything else is answered 400 naming it."""
+    return Field(default=None, json_schema_extra={REFUSED: reason, NEUTRAL: list(neutral)})
+
+
+#: Largest seed a request may give: ``torch.Generator`` takes unsigned 64-bit seeds.
+MAX_SEED = 2**64 - 1
+
+#: A token id as a tokenizer takes it (a 32-bit index).
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
 
 class StreamOptions(_Request):
@@ -22,19 +43,56 @@ class StreamOptions(_Request):
 
 
 class SamplingFields(_Request):
-    """Sampling fields shared by both endpoints; ranges are checked by ``SamplingParams``."""
+    """Sampling fields shared by both endpoints; ranges are checked by ``SamplingParams``.
 
-    model: str
+    Absent sampling fields take the model's generation-config defaults, then OpenAI's
+    (SRV-103). ``n`` completions are returned per prompt, of ``best_of`` generated (the ``n``
+    of highest cumulative log-probability); their prompt is computed once (SRV-006).
+
+    Attributes:
+        model: the served model's name; absent means the served model.
+        seed: in ``[0, MAX_SEED]``, what ``torch.Generator`` takes.
+        logit_bias: token id (as a string, as OpenAI sends it) to a bias in ``[-100, 100]``.
+        cache_salt: a prefix-cache namespace: KV pages are shared only between requests with
+            the same salt (and, under per-key salting, the same API key). Use a long random
+            secret per user or group that may see each other's prompts.
+    """
+
+    model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    cache_salt: str | None = Field(default=None, min_length=1)
+    best_of: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[TokenId] | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
+    include_stop_str_in_output: bool = False
+    response_format: Any = refused("structured output is not supported", {"type": "text"})
+    use_beam_search: Any = refused("beam search is not supported", False)
+    guided_json: Any = refused("guided decoding is not supported")
+    guided_regex: Any = refused("guided decoding is not supported")
+    guided_choice: Any = refused("guided decoding is not supported")
+    guided_grammar: Any = refused("guided decoding is not supported")
+    structured_outputs: Any = refused("structured output is not supported")
+    logits_processors: Any = refused("custom logits processors are not supported")
+    allowed_token_ids: Any = refused("allowed_token_ids is not supported")
+    bad_words: Any = refused("bad_words is not supported")
+    truncate_prompt_tokens: Any = refused("prompts are never truncated")
+    skip_special_tokens: Any = refused("special tokens are always skipped", True)
+    spaces_between_special_tokens: Any = refused("special tokens are always skipped", True)
+    return_tokens_as_token_ids: Any = refused("tokens are returned as text", False)
 
 
 class CompletionRequest(SamplingFields):
@@ -43,14 +101,19 @@ class CompletionRequest(SamplingFields):
     Attributes:
         prompt: one text, a list of texts, one list of token ids or a list of them; a list
             yields one choice per prompt, indexed in order.
-        max_tokens: most tokens generated per prompt (default 16, as OpenAI's).
+        max_tokens: most tokens generated per prompt (default: the model's, else 16, as
+            OpenAI's).
         logprobs: also return the log-probabilities of this many most likely tokens per
             position (``0`` for the chosen token's only).
+        echo: the prompt's text comes first in each choice's text (and, with ``logprobs``, its
+            tokens first in the log-probabilities, the first one without a value).
     """
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = None
     logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    suffix: Any = refused("suffixes (insertion) are not supported", "")
 
 
 class TextPart(_Request):
@@ -81,14 +144,31 @@ class ChatCompletionRequest(SamplingFields):
         max_tokens, max_completion_tokens: most tokens generated; when both are absent, up to
             the rest of the model's context.
         logprobs: return the chosen tokens' log-probabilities.
-        top_logprobs: with ``logprobs``, also the this many most likely tokens per position.
+        top_logprobs: with ``logprobs``, also this many most likely tokens per position
+            (without ``logprobs`` it is refused, as vLLM does).
+        chat_template_kwargs: further variables of the chat template, e.g.
+            ``{"enable_thinking": false}`` for Qwen3; a key the template does not read is
+            refused with 400.
     """
 
     messages: list[ChatMessage] = Field(min_length=1)
+    chat_template_kwargs: dict[str, Any] | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: Any = refused("tool calling is not supported", [])
+    tool_choice: Any = refused("tool calling is not supported", "none")
+    functions: Any = refused("function calling is not supported", [])
+    function_call: Any = refused("function calling is not supported", "none")
+    echo: Any = refused("echoing the last message is not supported", False)
+    continue_final_message: Any = refused("the assistant's turn is always opened anew", False)
+    add_generation_prompt: Any = refused("the assistant's turn is always opened", True)
+    chat_template: Any = refused("only the model's own chat template is used")
+    documents: Any = refused("documents are not supported")
+    audio: Any = refused("audio output is not supported")
+    modalities: Any = refused("only text output is supported", ["text"])
+    prediction: Any = refused("predicted outputs are not supported")
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -110,12 +190,27 @@ class Usage(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """Legacy completions logprobs: parallel lists, one entry per generated token."""
+    """Legacy completions logprobs: parallel lists, one entry per token (with ``echo``, the
+    prompt's tokens first; the very first has no log-probability)."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's prompt log-probability entry: one token's log-probability, its rank in the
+    distribution (1 for the most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str
+
+
+#: Per prompt position: ``None`` for the first, else the prompt token's entry and the most
+#: likely alternatives', by token id (a string key, as in JSON).
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
 
 
 class CompletionChoice(BaseModel):
@@ -123,6 +218,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -154,8 +251,12 @@ class ChoiceLogprobs(BaseModel):
 
 
 class AssistantMessage(BaseModel):
+    """The reply; with a reasoning parser, its thinking is in ``reasoning_content`` (``None``
+    when it did not think) and ``content`` is ``None`` when nothing followed the thinking."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = None
 
 
 class ChatChoice(BaseModel):
@@ -163,6 +264,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -172,11 +274,13 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -184,6 +288,7 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -193,6 +298,52 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+
+
+class TokenizeCompletionRequest(_Request):
+    """``POST /tokenize`` of a text, as the completions endpoint tokenizes a prompt.
+
+    Attributes:
+        return_token_strs: also return each token's text.
+    """
+
+    model: str | None = None
+    prompt: str
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(_Request):
+    """``POST /tokenize`` of a conversation, as the chat endpoint renders it (the assistant's
+    turn opened)."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    """The token ids of a prompt, their count and the model's context length."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Request):
+    """``POST /detokenize``: the text of token ids (special tokens skipped)."""
+
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
 
 
 class ModelCard(BaseModel):

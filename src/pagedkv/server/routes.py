@@ -8,38 +8,47 @@ import uuid
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 
 from pagedkv.server.async_engine import (
     AsyncEngine,
     ChatPrompt,
     EngineUnavailable,
     GenerationStream,
+    PromptInput,
 )
+from pagedkv.server.auth import cache_salt
 from pagedkv.server.errors import APIError
-from pagedkv.server.metrics import PROMETHEUS_CONTENT_TYPE, render_prometheus
+from pagedkv.server.metrics import PROMETHEUS_CONTENT_TYPE, ServingMetrics
 from pagedkv.server.openai_format import (
     Collected,
+    assistant_message,
     chat_logprobs,
-    completion_logprobs,
     completion_prompts,
     finish_reason,
+    prompt_logprobs,
     sampling_params,
     usage,
 )
 from pagedkv.server.protocol import (
-    AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
     ModelList,
     SamplingFields,
 )
-from pagedkv.server.streaming import EventStream, chat_events, completion_events
+from pagedkv.server.reasoning import ReasoningParser
+from pagedkv.server.request_checks import check_request
+from pagedkv.server.streaming import (
+    ChoiceFormat,
+    EventStream,
+    chat_events,
+    completion_choice,
+    completion_events,
+)
 
 #: OpenAI's default ``max_tokens`` for completions.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -53,13 +62,18 @@ class ServerState:
 
     Attributes:
         engine: the engine bridge.
-        model_name: the only model name requests may ask for.
+        model_name: the only model name requests may ask for (and what an absent ``model``
+            means).
         created: Unix time (seconds) the app was created, reported by ``/v1/models``.
+        metrics: the server's Prometheus metrics.
+        reasoning: the reasoning parser splitting chat replies, ``None`` for none.
     """
 
     engine: AsyncEngine
     model_name: str
     created: int
+    metrics: ServingMetrics
+    reasoning: ReasoningParser | None = None
 
 
 router = APIRouter()
@@ -72,16 +86,28 @@ def server_state(request: Request) -> ServerState:
     return state
 
 
-def _check_request(state: ServerState, body: SamplingFields) -> None:
-    if body.model != state.model_name:
+def check_model(state: ServerState, model: str | None) -> None:
+    """Raise 404 unless ``model`` is absent (the served model) or the served model's name."""
+    if model is not None and model != state.model_name:
         raise APIError(
             404,
-            f"the model {body.model!r} does not exist; this server serves {state.model_name!r}",
+            f"the model {model!r} does not exist; this server serves {state.model_name!r}",
             param="model",
             code="model_not_found",
         )
-    if body.n != 1:
-        raise APIError(400, f"n must be 1, got {body.n}", param="n", code="unsupported")
+
+
+def _check_request(state: ServerState, body: SamplingFields) -> None:
+    check_request(body)
+    check_model(state, body.model)
+    if body.stream and body.best_of is not None and body.best_of != body.n:
+        raise APIError(
+            400,
+            f"best_of must equal n when streaming: best_of={body.best_of} chooses among "
+            f"completions only once all have finished, n={body.n}",
+            param="best_of",
+            code="unsupported",
+        )
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -112,19 +138,56 @@ async def collect(request: Request, stream: GenerationStream) -> Collected | Non
         stream.abort()
 
 
+async def echo_texts(state: ServerState, prompts: list[PromptInput]) -> list[str]:
+    """The text each prompt echoes: a text prompt as sent, token ids decoded."""
+    texts = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            texts.append(prompt)
+        elif isinstance(prompt, tuple):
+            texts.append((await state.engine.detokenize(prompt))[0])
+        else:
+            raise APIError(400, "echo applies to completion prompts only", param="echo")
+    return texts
+
+
 @router.post("/v1/completions", response_model=None)
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    """OpenAI completions: one choice per prompt, streamed as server-sent events on demand."""
+    """OpenAI completions: ``n`` choices per prompt, streamed as server-sent events on
+    demand."""
     state = server_state(request)
     _check_request(state, body)
-    max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    params = sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs)
+    defaults = state.engine.generation_defaults
+    max_tokens = body.max_tokens
+    if max_tokens is None:
+        max_tokens = defaults.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
     want_logprobs = body.logprobs is not None
+    prompt_logprobs = body.prompt_logprobs
+    if body.echo and body.logprobs is not None:  # the echoed tokens carry logprobs too
+        prompt_logprobs = max(prompt_logprobs or 0, body.logprobs)
+    params = sampling_params(
+        body,
+        defaults,
+        max_tokens=max_tokens,
+        logprobs=body.logprobs,
+        prompt_logprobs=prompt_logprobs,
+    )
+    prompts = completion_prompts(body.prompt)
+    echoed = await echo_texts(state, prompts) if body.echo else None
     stream = await state.engine.submit(
-        completion_prompts(body.prompt), params, token_texts=want_logprobs
+        prompts,
+        params,
+        token_texts=want_logprobs or prompt_logprobs is not None,
+        cache_salt=cache_salt(request, body.cache_salt),
     )
     response_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
+    choice = ChoiceFormat(
+        n=params.n,
+        logprobs=want_logprobs,
+        echo=echoed,
+        prompt_logprobs=body.prompt_logprobs is not None,
+    )
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = completion_events(
@@ -132,7 +195,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
             response_id=response_id,
             created=created,
             model=state.model_name,
-            logprobs=want_logprobs,
+            choice=choice,
             include_usage=include_usage,
         )
         return EventStream(events, stream)
@@ -140,15 +203,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     if collected is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     choices = [
-        CompletionChoice(
-            index=index,
-            text=output.text,
-            logprobs=completion_logprobs(output.logprobs or (), texts, 0)
-            if want_logprobs
-            else None,
-            finish_reason=finish_reason(output),
-        )
+        completion_choice(choice, index, output, completion, texts, first=True, final=True)
         for index, output, texts in collected.ordered()
+        for completion in output.outputs
     ]
     body_out = CompletionResponse(
         id=response_id,
@@ -162,21 +219,39 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    """OpenAI chat completions through the model's chat template."""
+    """OpenAI chat completions through the model's chat template: ``n`` choices."""
     state = server_state(request)
     _check_request(state, body)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(
+            400,
+            "top_logprobs needs logprobs: true",
+            param="top_logprobs",
+            code="invalid_sampling_params",
+        )
+    defaults = state.engine.generation_defaults
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
         max_tokens = body.max_tokens
+    if max_tokens is None:
+        max_tokens = defaults.max_tokens
     top = body.top_logprobs or 0
     params = sampling_params(
         body,
+        defaults,
         max_tokens=1 if max_tokens is None else max_tokens,
         logprobs=top if body.logprobs else None,
     )
-    prompt = ChatPrompt(tuple({"role": m.role, "content": m.text} for m in body.messages))
+    prompt = ChatPrompt(
+        tuple({"role": m.role, "content": m.text} for m in body.messages),
+        body.chat_template_kwargs or {},
+    )
     stream = await state.engine.submit(
-        [prompt], params, fill_context=max_tokens is None, token_texts=body.logprobs
+        [prompt],
+        params,
+        fill_context=max_tokens is None,
+        token_texts=body.logprobs or body.prompt_logprobs is not None,
+        cache_salt=cache_salt(request, body.cache_salt),
     )
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -187,21 +262,25 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             response_id=response_id,
             created=created,
             model=state.model_name,
+            n=params.n,
             logprobs=body.logprobs,
             include_usage=include_usage,
+            reasoning=state.reasoning,
         )
         return EventStream(events, stream)
     collected = await collect(request, stream)
     if collected is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    ((_, output, texts),) = collected.ordered()
     choices = [
         ChatChoice(
-            index=index,
-            message=AssistantMessage(content=output.text),
-            logprobs=chat_logprobs(output.logprobs or (), texts) if body.logprobs else None,
-            finish_reason=finish_reason(output),
+            index=completion.index,
+            message=assistant_message(completion, output.prompt_token_ids, state.reasoning),
+            logprobs=chat_logprobs(completion.logprobs or (), texts) if body.logprobs else None,
+            finish_reason=finish_reason(completion),
+            stop_reason=completion.stop_reason,
         )
-        for index, output, texts in collected.ordered()
+        for completion in output.outputs
     ]
     body_out = ChatCompletionResponse(
         id=response_id,
@@ -209,6 +288,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         model=state.model_name,
         choices=choices,
         usage=usage(collected.outputs.values()),
+        prompt_logprobs=prompt_logprobs(output, texts),
     )
     return JSONResponse(body_out.model_dump())
 
@@ -225,15 +305,18 @@ async def list_models(request: Request) -> ModelList:
 
 @router.get("/health")
 async def health(request: Request) -> dict[str, str]:
-    """200 ``{"status": "ok"}`` while the engine thread runs, else 503."""
-    if not server_state(request).engine.is_running:
+    """200 ``{"status": "ok"}`` while the engine runs and admits requests, else 503 (also
+    while shutting down, so that load balancers stop sending work)."""
+    engine = server_state(request).engine
+    if not engine.is_running:
         raise EngineUnavailable("the engine is not running")
+    if not engine.is_admitting:
+        raise EngineUnavailable("the server is shutting down")
     return {"status": "ok"}
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(request: Request) -> PlainTextResponse:
-    """Prometheus text exposition of the engine's and the server's counters."""
-    engine = server_state(request).engine
-    text = render_prometheus(engine.stats(), engine.metrics.snapshot())
-    return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition: request histograms, engine state, process metrics."""
+    body = server_state(request).metrics.render()
+    return Response(body, media_type=PROMETHEUS_CONTENT_TYPE)

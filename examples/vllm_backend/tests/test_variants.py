@@ -1,0 +1,148 @@
+"""Each declared variant, shown on vLLM side by side with pagedkv's reference.
+
+Every test runs one small scenario through the KVManager Protocol on the reference and on the
+vLLM adapter and asserts both outcomes: pagedkv's default on the reference, the variant on
+vLLM. If vLLM changes, the test fails and the declared variant has to be revisited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pagedkv_vllm.backend import backend, deferred_backend
+from pagedkv_vllm.manager import Publish, VLLMKVManager
+from pagedkv_vllm.variants import DEFERRED_VARIANTS, SCHEDULED_VARIANTS, VARIANTS
+
+from pagedkv.backend import reference_backend
+from pagedkv.interfaces import KVManager, KVManagerConfig
+
+
+def reference(num_pages: int, page_size: int, caching: bool = True) -> KVManager:
+    return reference_backend().create_kv_manager(KVManagerConfig(num_pages, page_size, caching))
+
+
+def scheduled(num_pages: int, page_size: int, caching: bool = True) -> KVManager:
+    return backend().create_kv_manager(KVManagerConfig(num_pages, page_size, caching))
+
+
+def deferred(num_pages: int, page_size: int, caching: bool = True) -> KVManager:
+    return deferred_backend().create_kv_manager(KVManagerConfig(num_pages, page_size, caching))
+
+
+def test_declared_variants_are_defined() -> None:
+    assert set(VARIANTS) >= SCHEDULED_VARIANTS
+    assert set(VARIANTS) >= DEFERRED_VARIANTS
+    assert backend().variants == SCHEDULED_VARIANTS
+    assert deferred_backend().variants == DEFERRED_VARIANTS
+    assert "publish-on-schedule" not in DEFERRED_VARIANTS
+
+
+def test_publish_on_schedule() -> None:
+    """An allocated, uncommitted prompt is hit at once on vLLM's everyday path; not on the
+    reference, nor when vLLM's publication is deferred to commit."""
+
+    def hit_before_commit(make: Callable[[int, int], KVManager]) -> tuple[int, int]:
+        kv = make(16, 4)
+        prompt = list(range(1, 10))
+        kv.allocate(1, prompt, len(prompt))
+        return kv.cached_prefix_length(prompt), kv.commit(1, prompt)
+
+    assert hit_before_commit(reference) == (0, 2)
+    assert hit_before_commit(scheduled) == (8, 0)
+    assert hit_before_commit(deferred) == (0, 2)
+
+
+def _duplicate_then_orphan(kv: KVManager) -> dict[str, Any]:
+    """Page size 1: ``a`` is published twice (the second time by a prompt found whole in the
+    cache, KVM-025), ``ab`` on top of the second copy; then the first copy is evicted."""
+    a, b, z = 1, 2, 9
+    kv.allocate(1, [a, z], 2)
+    kv.commit(1, [a])
+    kv.allocate(2, [a], 1)
+    published_again = kv.commit(2, [a])
+    kv.grow(2, 2)
+    kv.commit(2, [a, b])
+    kv.free(1)
+    kv.free(2)
+    indexed = kv.stats().pages_indexed
+    seq_id = 10
+    while kv.stats().evictions == 0:
+        kv.allocate(seq_id, [100 + seq_id], 1)
+        seq_id += 1
+    return {
+        "published_again": published_again,
+        "indexed": indexed,
+        "hit_after_eviction": kv.cached_prefix_length([a, b, z]),
+    }
+
+
+def test_content_keyed_duplicates() -> None:
+    """vLLM publishes the second copy of ``a`` and keeps serving ``a, b`` through it after the
+    first copy is evicted; the reference keeps one entry, and ``ab`` is orphaned."""
+    assert _duplicate_then_orphan(reference(4, 1)) == {
+        "published_again": 0,
+        "indexed": 2,
+        "hit_after_eviction": 0,
+    }
+    assert _duplicate_then_orphan(deferred(4, 1)) == {
+        "published_again": 1,
+        "indexed": 3,
+        "hit_after_eviction": 2,
+    }
+    # Published when scheduled, the duplicate is in place before its commit; so is [a, z].
+    assert _duplicate_then_orphan(scheduled(4, 1)) == {
+        "published_again": 0,
+        "indexed": 4,
+        "hit_after_eviction": 2,
+    }
+
+
+@pytest.mark.parametrize("make", [scheduled, deferred])
+def test_queries_counted_on_lookup(make: Callable[..., KVManager]) -> None:
+    """With prefix caching off, vLLM counts no query tokens; it still publishes and hits
+    nothing (KVM-029 holds)."""
+
+    def run(kv: KVManager) -> tuple[int, int, int, int]:
+        prompt = list(range(1, 8))
+        kv.allocate(1, prompt, len(prompt))
+        published = kv.commit(1, prompt)
+        alloc = kv.allocate(2, [*prompt, 8], 8)
+        stats = kv.stats()
+        return published, alloc.num_cached_tokens, stats.pages_indexed, stats.query_tokens
+
+    assert run(reference(16, 2, False)) == (0, 0, 0, 15)
+    assert run(make(16, 2, False)) == (0, 0, 0, 0)
+
+
+def test_hash_trusted() -> None:
+    """With a hash function under which every block collides, vLLM hands a prompt another
+    prompt's pages: it trusts the hash and verifies no tokens. (The adapter uses SHA-256.)"""
+
+    def colliding_hash(_: object) -> bytes:
+        return b"\x00" * 32
+
+    kv = VLLMKVManager(KVManagerConfig(8, 2), Publish.ON_COMMIT, hash_fn=colliding_hash)
+    kv.allocate(1, [1, 2, 3], 3)
+    kv.commit(1, [1, 2, 3])
+    assert kv.cached_prefix_length([7, 8, 9]) == 2
+    other = kv.allocate(2, [7, 8, 9], 1)
+    assert other.page_table.pages[0] == kv.page_table(1).pages[0]
+    assert reference(8, 2).cached_prefix_length([7, 8, 9]) == 0
+    # SHA-256 again for every manager created after this one.
+    assert scheduled(8, 2).cached_prefix_length([7, 8, 9]) == 0
+
+
+@pytest.mark.parametrize("make", [scheduled, deferred])
+def test_empty_salt_is_no_salt(make: Callable[..., KVManager]) -> None:
+    """A prompt published under the empty salt is hit without a salt on vLLM."""
+
+    def hit_unsalted(kv: KVManager) -> int:
+        prompt = list(range(1, 6))
+        kv.allocate(1, prompt, len(prompt), "")
+        kv.commit(1, prompt)
+        return kv.cached_prefix_length(prompt, None)
+
+    assert hit_unsalted(reference(16, 2)) == 0
+    assert hit_unsalted(make(16, 2)) == 4

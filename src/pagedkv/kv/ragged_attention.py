@@ -1,0 +1,213 @@
+"""Causal attention over a ragged batch, planned once per step and run once per layer.
+
+A step's sequences own consecutive query rows; sequence ``b`` has ``q_len`` rows, the last of
+its ``context_len`` positions, so its row ``j`` sees positions ``0..context_len - q_len + j``.
+Its keys and values sit anywhere in a flat K/V tensor (a page pool, or the step's own rows)
+at indices the caller gives. :func:`plan_attention` turns that into an
+:class:`AttentionLayout`, host work and all, once per step; :func:`ragged_attention` runs the
+layout for one layer with no host synchronisation.
+
+The layout batches what shapes allow: every sequence with one query row (decoding) attends in
+one call over a gather padded to the longest context, the padding masked and re-reading the
+sequence's own position 0 (written, so finite); prefill chunks of equal query and context
+lengths attend together, a few at a time (:data:`GROUP_ROWS` rows), so short chunks share a call
+while long ones keep a working set that fits the caches.
+
+This module imports torch; :mod:`pagedkv.kv` does not import it (KVM-040).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+#: Most query rows of one batched prefill call: equal-shape chunks are grouped up to this many
+#: rows (a chunk longer than it runs alone). Measured on CPU: short chunks gain up to 2x from
+#: sharing a call; past a few hundred rows a bigger batch no longer helps.
+GROUP_ROWS = 128
+
+#: ``kv_index(seq_ids, width)``: ``[len(seq_ids), width]`` int64 flat K/V index of positions
+#: ``0..width-1`` of each sequence (indices past a sequence's context are never read unmasked).
+KVIndex = Callable[[list[int], int], torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionGroup:
+    """Sequences attended in one call.
+
+    Attributes:
+        num_seqs: sequences in the group.
+        q_len: query rows of each.
+        width: context positions gathered for each (the longest context of the group).
+        rows: ``[num_seqs * q_len]`` int64 query rows, sequence by sequence.
+        span: ``(start, stop)`` when ``rows`` are one contiguous range (then they are sliced,
+            not gathered), else ``None``.
+        kv_index: ``[num_seqs, width]`` int64 flat K/V index of each gathered position.
+        mask: boolean mask broadcastable to ``[num_seqs, heads, q_len, width]`` (``True``
+            attends), ``None`` when ``is_causal`` says it all.
+        is_causal: plain top-left causal masking (every chunk of the group is its whole
+            context).
+    """
+
+    num_seqs: int
+    q_len: int
+    width: int
+    rows: torch.Tensor
+    span: tuple[int, int] | None
+    kv_index: torch.Tensor
+    mask: torch.Tensor | None
+    is_causal: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionLayout:
+    """Every group of one step, shared by all its layers. Immutable.
+
+    Attributes:
+        num_rows: query rows of the step.
+        groups: the groups; together they cover every row once.
+    """
+
+    num_rows: int
+    groups: tuple[AttentionGroup, ...]
+
+
+def plan_attention(
+    starts: Sequence[int],
+    contexts: Sequence[int],
+    kv_index: KVIndex,
+    device: torch.device,
+    group_rows: int = GROUP_ROWS,
+) -> AttentionLayout:
+    """The layout of a batch whose sequence ``b`` owns rows ``starts[b]:starts[b+1]`` and
+    attends over ``contexts[b]`` positions; equal-shape prefill chunks share calls of at most
+    ``group_rows`` rows (1: a call per chunk). Preconditions (checked by the caller):
+    ``1 <= q_len <= context_len`` for every sequence."""
+    num_seqs = len(contexts)
+    q_lens = [starts[b + 1] - starts[b] for b in range(num_seqs)]
+    groups: list[AttentionGroup] = []
+    decode = [b for b in range(num_seqs) if q_lens[b] == 1]
+    if decode:
+        groups.append(_decode_group(decode, starts, contexts, kv_index, device))
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for b in range(num_seqs):
+        if q_lens[b] > 1:
+            by_shape.setdefault((q_lens[b], contexts[b]), []).append(b)
+    for (q_len, context), seqs in by_shape.items():
+        per_call = max(1, group_rows // q_len)
+        for i in range(0, len(seqs), per_call):
+            groups.append(
+                _chunk_group(seqs[i : i + per_call], q_len, context, starts, kv_index, device)
+            )
+    return AttentionLayout(num_rows=starts[-1], groups=tuple(groups))
+
+
+def _rows(
+    seqs: list[int], q_len: int, starts: Sequence[int], device: torch.device
+) -> tuple[torch.Tensor, tuple[int, int] | None]:
+    first = starts[seqs[0]]
+    contiguous = all(starts[b] == first + i * q_len for i, b in enumerate(seqs))
+    span = (first, first + len(seqs) * q_len) if contiguous else None
+    offsets = torch.tensor([starts[b] for b in seqs], dtype=torch.int64, device=device)
+    rows = (offsets[:, None] + torch.arange(q_len, device=device)[None, :]).reshape(-1)
+    return rows, span
+
+
+def _decode_group(
+    seqs: list[int],
+    starts: Sequence[int],
+    contexts: Sequence[int],
+    kv_index: KVIndex,
+    device: torch.device,
+) -> AttentionGroup:
+    width = max(contexts[b] for b in seqs)
+    rows, span = _rows(seqs, 1, starts, device)
+    ctx = torch.tensor([contexts[b] for b in seqs], dtype=torch.int64, device=device)
+    valid = torch.arange(width, device=device)[None, :] < ctx[:, None]
+    index = kv_index(seqs, width)
+    return AttentionGroup(
+        num_seqs=len(seqs),
+        q_len=1,
+        width=width,
+        rows=rows,
+        span=span,
+        # Padding re-reads the sequence's own position 0 (always written, so finite) rather
+        # than whatever the padded index holds; the mask zeroes its weight (PST-013).
+        kv_index=torch.where(valid, index, index[:, :1]),
+        mask=valid[:, None, None, :],
+        is_causal=False,
+    )
+
+
+def _chunk_group(
+    seqs: list[int],
+    q_len: int,
+    context: int,
+    starts: Sequence[int],
+    kv_index: KVIndex,
+    device: torch.device,
+) -> AttentionGroup:
+    rows, span = _rows(seqs, q_len, starts, device)
+    mask = None
+    if q_len < context:  # a continuing chunk: bottom-right causal, shared by the group
+        positions = torch.arange(context, device=device)
+        last_seen = torch.arange(context - q_len, context, device=device)
+        mask = positions[None, :] <= last_seen[:, None]
+    return AttentionGroup(
+        num_seqs=len(seqs),
+        q_len=q_len,
+        width=context,
+        rows=rows,
+        span=span,
+        kv_index=kv_index(seqs, context),
+        mask=mask,
+        is_causal=q_len == context,
+    )
+
+
+def ragged_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    layout: AttentionLayout,
+    scale: float,
+) -> torch.Tensor:
+    """Run ``layout`` for one layer: ``query`` ``[T, heads, D]`` over flat ``keys`` and
+    ``values`` ``[N, kv_heads, D]`` (``kv_heads`` divides ``heads``). Returns ``[T, heads, D]``
+    in ``query``'s dtype. No host synchronisation."""
+    out = torch.empty_like(query)
+    for group in layout.groups:
+        attended = _attend(query, keys, values, group, scale)
+        if group.span is not None:
+            out[group.span[0] : group.span[1]] = attended
+        else:
+            out.index_copy_(0, group.rows, attended)
+    return out
+
+
+def _attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    group: AttentionGroup,
+    scale: float,
+) -> torch.Tensor:
+    n, q_len, width = group.num_seqs, group.q_len, group.width
+    if group.span is not None:
+        q = query[group.span[0] : group.span[1]]
+    else:
+        q = query.index_select(0, group.rows)
+    q = q.view(n, q_len, *query.shape[1:]).transpose(1, 2)  # [n, H, q_len, D]
+    # index_select on flat indices gathers about 2x faster than advanced indexing.
+    flat = group.kv_index.reshape(-1)
+    k = keys.index_select(0, flat).view(n, width, *keys.shape[1:])
+    v = values.index_select(0, flat).view(n, width, *values.shape[1:])
+    k = k.to(query.dtype).transpose(1, 2)  # [n, KV, width, D]
+    v = v.to(query.dtype).transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=group.mask, is_causal=group.is_causal, scale=scale, enable_gqa=True
+    )
+    return out.transpose(1, 2).reshape(n * q_len, *query.shape[1:])

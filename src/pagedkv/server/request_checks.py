@@ -1,0 +1,114 @@
+"""Checks of a parsed request body that its schema cannot express.
+
+- Text must be valid Unicode: JSON may carry a lone surrogate (``"a\\ud800b"``), which Python
+  keeps in a ``str`` but no tokenizer can encode. Such a field is refused with 400 naming it.
+- A declared field pagedkv does not implement (``tools``, ``response_format``, ...) is refused
+  with 400 naming it, unless it holds a neutral value that changes nothing (SRV-100).
+- Fields the server does not declare are accepted (OpenAI clients send some by default) but
+  logged as a warning, as vLLM does, so that nothing is ignored silently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from pydantic import BaseModel
+
+from pagedkv.server.errors import APIError
+from pagedkv.server.protocol import NEUTRAL, REFUSED
+
+logger = logging.getLogger("pagedkv.server")
+
+#: Most ignored field names one warning lists (a body may carry thousands).
+MAX_LOGGED_FIELDS = 20
+
+
+def _texts(value: object, path: str) -> Iterator[tuple[str, str]]:
+    """Every ``(path, text)`` in a declared field value, depth first."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _texts(getattr(value, name), f"{path}.{name}" if path else name)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _texts(item, f"{path}.{index}")
+
+
+def check_text(body: BaseModel) -> None:
+    """Raise a 400 :class:`APIError` naming the first declared text field of ``body`` that
+    holds a lone surrogate.
+
+    Raises:
+        APIError: 400, code ``invalid_unicode``, ``param`` the field's dotted path.
+    """
+    for path, text in _texts(body, ""):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # only a surrogate cannot be encoded
+            raise APIError(
+                400,
+                f"{path}: text is not valid Unicode (a lone surrogate "
+                f"U+{ord(text[exc.start]):04X} at index {exc.start})",
+                param=path,
+                code="invalid_unicode",
+            ) from None
+
+
+def ignored_fields(body: BaseModel, path: str = "") -> list[str]:
+    """Dotted paths of the fields ``body`` received but does not declare, nested ones too."""
+    found = [f"{path}{name}" for name in body.model_extra or {}]
+    for name in type(body).model_fields:
+        value = getattr(body, name)
+        items = value if isinstance(value, list) else [value]
+        for index, item in enumerate(items):
+            if isinstance(item, BaseModel):
+                where = f"{path}{name}." + (f"{index}." if isinstance(value, list) else "")
+                found.extend(ignored_fields(item, where))
+    return found
+
+
+def refused_fields(model: type[BaseModel]) -> dict[str, tuple[str, list[object]]]:
+    """The fields ``model`` declares only to refuse them: name -> (reason, neutral values)."""
+    found: dict[str, tuple[str, list[object]]] = {}
+    for name, field in model.model_fields.items():
+        extra = field.json_schema_extra
+        if isinstance(extra, dict) and REFUSED in extra:
+            neutral = extra.get(NEUTRAL)
+            found[name] = (str(extra[REFUSED]), list(neutral) if isinstance(neutral, list) else [])
+    return found
+
+
+def check_refused(body: BaseModel) -> None:
+    """Raise a 400 :class:`APIError` naming the first refused field that ``body`` sets to
+    something other than a neutral value.
+
+    Raises:
+        APIError: 400, code ``unsupported_field``, ``param`` the field.
+    """
+    for name, (reason, neutral) in refused_fields(type(body)).items():
+        value = getattr(body, name)
+        if value is not None and value not in neutral:
+            raise APIError(
+                400,
+                f"{name} is not supported by this server: {reason}",
+                param=name,
+                code="unsupported_field",
+            )
+
+
+def check_request(body: BaseModel) -> None:
+    """Refuse invalid text and unsupported fields (400), and log the fields that will be
+    ignored."""
+    check_text(body)
+    check_refused(body)
+    ignored = sorted(ignored_fields(body))
+    if ignored:
+        shown = ", ".join(ascii(name) for name in ignored[:MAX_LOGGED_FIELDS])
+        more = len(ignored) - MAX_LOGGED_FIELDS
+        logger.warning(
+            "The following fields were present in the request but ignored: %s%s",
+            shown,
+            f" and {more} more" if more > 0 else "",
+        )

@@ -1,0 +1,65 @@
+"""``/tokenize``, ``/detokenize`` and ``/version``, with vLLM's request and response bodies.
+
+Tokenization runs on the engine thread, through the same path as a generation request, so
+``/tokenize`` gives exactly the token ids (and count) that request would be charged.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from pagedkv import __version__
+from pagedkv.server.async_engine import ChatPrompt, PromptInput
+from pagedkv.server.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
+from pagedkv.server.request_checks import check_request
+from pagedkv.server.routes import check_model, server_state
+
+router = APIRouter()
+
+
+@router.post("/tokenize")
+async def tokenize(
+    body: TokenizeCompletionRequest | TokenizeChatRequest, request: Request
+) -> TokenizeResponse:
+    """The token ids of a text (as ``/v1/completions`` encodes it) or of a conversation (as
+    ``/v1/chat/completions`` renders it)."""
+    state = server_state(request)
+    check_request(body)
+    check_model(state, body.model)
+    prompt: PromptInput
+    if isinstance(body, TokenizeChatRequest):
+        prompt = ChatPrompt(tuple({"role": m.role, "content": m.text} for m in body.messages))
+    else:
+        prompt = body.prompt
+    tokens = await state.engine.tokenize(prompt)
+    strs = await state.engine.detokenize(tokens, each=True) if body.return_token_strs else None
+    return TokenizeResponse(
+        count=len(tokens),
+        max_model_len=state.engine.max_model_len,
+        tokens=tokens,
+        token_strs=strs,
+    )
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+    """The text of token ids, special tokens skipped; ids outside the vocabulary decode to
+    nothing, as in the tokenizer."""
+    state = server_state(request)
+    check_request(body)
+    check_model(state, body.model)
+    (text,) = await state.engine.detokenize(body.tokens)
+    return DetokenizeResponse(prompt=text)
+
+
+@router.get("/version")
+async def version() -> VersionResponse:
+    """The pagedkv version serving this API."""
+    return VersionResponse(version=__version__)

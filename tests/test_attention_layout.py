@@ -1,0 +1,199 @@
+"""The step's attention is laid out once and run per layer without host synchronisation
+(PST-015, PST-016), for the paged store and for cache-less (v0) recomputation."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+import torch
+from test_paged_store import ATOL, batch_for, dense_reference
+
+from pagedkv.interfaces import AttentionBatch, StoreConfig
+from pagedkv.kv.paged_store import PagedAttentionMetadata, TorchPagedStore
+from pagedkv.kv.ragged_attention import GROUP_ROWS, plan_attention
+from pagedkv.model.step_attention import RecomputeStepAttention
+from pagedkv.plan import SeqChunk, build_recompute_plan
+from pagedkv.testing.tiny_qwen3 import one_torch_thread
+
+PAGE = 4
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+def filled_store(layers: int = 3) -> TorchPagedStore:
+    store = TorchPagedStore(StoreConfig(layers, 2, 8, PAGE, 128))
+    gen = torch.Generator().manual_seed(0)
+    for layer in range(layers):
+        store.key_pool(layer).copy_(torch.randn(store.key_pool(layer).shape, generator=gen))
+        store.value_pool(layer).copy_(torch.randn(store.value_pool(layer).shape, generator=gen))
+    return store
+
+
+def ragged_batch(q_lens: list[int], contexts: list[int]) -> AttentionBatch:
+    """Sequence ``b`` on its own consecutive pages."""
+    tables, first = [], 0
+    for context in contexts:
+        pages = -(-context // PAGE)
+        tables.append(tuple(range(first, first + pages)))
+        first += pages
+    return batch_for(tables, q_lens, contexts)
+
+
+def expected(
+    store: TorchPagedStore, layer: int, query: torch.Tensor, batch: AttentionBatch
+) -> torch.Tensor:
+    """Dense float64 reference of every sequence, through its page table."""
+    assert batch.page_tables is not None
+    starts = batch.query_start.tolist()
+    rows = []
+    for b, context in enumerate(batch.context_lens.tolist()):
+        positions = torch.arange(context)
+        slots = batch.page_tables[b, positions // PAGE] * PAGE + positions % PAGE
+        k, v = store.read(layer, slots)
+        rows.append(dense_reference(query[starts[b] : starts[b + 1]], k, v, 0.3))
+    return torch.cat(rows)
+
+
+class NoHostSync:
+    """Fails the test if a tensor's value is read on the host while it is active."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+
+    def __enter__(self) -> None:
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError("a tensor value was read on the host")
+
+        for name in ("tolist", "item", "__int__", "__float__", "__bool__", "__index__"):
+            self.monkeypatch.setattr(torch.Tensor, name, refuse)
+        for name in ("aminmax", "nonzero", "unique"):
+            self.monkeypatch.setattr(torch, name, refuse)
+
+    def __exit__(self, *exc: object) -> None:
+        self.monkeypatch.undo()
+
+
+@pytest.mark.spec("PST-016")
+def test_write_and_attention_never_read_a_tensor_on_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """prepare reads the batch; every layer's write and attention then run with every way of
+    reading a tensor's value on the host disabled, and still give the dense result."""
+    store = filled_store()
+    batch = ragged_batch([1, 5, 5, 3, 1], [9, 5, 5, 11, 2])
+    slots = torch.arange(100, 115)
+    metadata = store.prepare(dataclasses.replace(batch, slot_mapping=slots))
+    query = torch.randn(15, 4, 8)
+    kv = torch.randn(15, 2, 8)
+    outputs = []
+    with NoHostSync(monkeypatch):
+        for layer in range(3):
+            store.write(layer, slots, kv, kv)
+            outputs.append(store.attention(layer, query, metadata, 0.3))
+    for layer, out in enumerate(outputs):
+        torch.testing.assert_close(
+            out.double(), expected(store, layer, query, batch), atol=ATOL, rtol=0
+        )
+
+
+@pytest.mark.spec("PST-016")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is false"
+)
+def test_write_and_attention_do_not_synchronise_on_cuda() -> None:
+    store = TorchPagedStore(StoreConfig(2, 2, 8, PAGE, 64, device="cuda"))
+    batch = ragged_batch([1, 5, 3], [9, 5, 11])
+    cuda = AttentionBatch(
+        *(t.cuda() for t in (batch.query_start, batch.context_lens)), batch.page_tables.cuda()
+    )  # type: ignore[union-attr]
+    metadata = store.prepare(cuda)
+    query = torch.randn(9, 4, 8, device="cuda")
+    kv = torch.randn(9, 2, 8, device="cuda")
+    slots = torch.arange(9, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for layer in range(2):
+            store.write(layer, slots, kv, kv)
+            store.attention(layer, query, metadata, 0.3)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.spec("PST-016")
+def test_metadata_is_immutable_and_used_in_any_order() -> None:
+    store = filled_store()
+    first = ragged_batch([3, 1], [7, 4])
+    second = ragged_batch([2, 2, 1], [2, 6, 9])
+    m1, m2 = store.prepare(first), store.prepare(second)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m1.num_slots = 0  # type: ignore[misc]
+    q1, q2 = torch.randn(4, 4, 8), torch.randn(5, 4, 8)
+    for layer in (2, 0, 1):
+        out2 = store.attention(layer, q2, m2, 0.3)
+        out1 = store.attention(layer, q1, m1, 0.3)
+        torch.testing.assert_close(
+            out1.double(), expected(store, layer, q1, first), atol=ATOL, rtol=0
+        )
+        torch.testing.assert_close(
+            out2.double(), expected(store, layer, q2, second), atol=ATOL, rtol=0
+        )
+
+
+@pytest.mark.spec("PST-015", "PST-012")
+def test_equal_shaped_chunks_share_calls_a_bounded_number_at_a_time() -> None:
+    """Decode tokens form one group; prefill chunks of one shape share groups of at most
+    GROUP_ROWS rows; other shapes run alone. The grouped result is the dense one."""
+    q_lens = [1, 8, 8, 1, 8, 6, 8, *([2] * 70)]
+    contexts = [9, 8, 8, 3, 8, 12, 8, *([2] * 70)]
+    store = filled_store(layers=1)
+    batch = ragged_batch(q_lens, contexts)
+    metadata = store.prepare(batch)
+    assert isinstance(metadata, PagedAttentionMetadata)
+    shapes = sorted((g.num_seqs, g.q_len, g.width) for g in metadata.layout.groups)
+    assert shapes == sorted(
+        [(2, 1, 9), (4, 8, 8), (1, 6, 12), (GROUP_ROWS // 2, 2, 2), (70 - GROUP_ROWS // 2, 2, 2)]
+    )
+    query = torch.randn(sum(q_lens), 4, 8)
+    out = store.attention(0, query, metadata, 0.3)
+    torch.testing.assert_close(out.double(), expected(store, 0, query, batch), atol=ATOL, rtol=0)
+
+
+@pytest.mark.spec("PST-015")
+def test_recomputation_groups_and_matches_dense_attention() -> None:
+    """The cache-less layout: each sequence attends causally to its own rows only."""
+    lengths = [5, 1, 5, 3, 5]
+    plan = build_recompute_plan([SeqChunk(tuple(range(n)), 0) for n in lengths])
+    attention = RecomputeStepAttention.prepare(plan)
+    assert sorted((g.num_seqs, g.q_len) for g in attention.layout.groups) == [
+        (1, 1),
+        (1, 3),
+        (3, 5),
+    ]
+    query = torch.randn(sum(lengths), 4, 8)
+    key, value = torch.randn(sum(lengths), 2, 8), torch.randn(sum(lengths), 2, 8)
+    out = attention(0, query, key, value, 0.3)
+    start = 0
+    for n in lengths:
+        rows = slice(start, start + n)
+        want = dense_reference(query[rows], key[rows], value[rows], 0.3)
+        torch.testing.assert_close(out[rows].double(), want, atol=ATOL, rtol=0)
+        start += n
+
+
+def test_plan_attention_covers_every_row_once() -> None:
+    starts, contexts = [0, 1, 4, 7, 8], [5, 3, 3, 1]
+    layout = plan_attention(
+        starts,
+        contexts,
+        lambda seqs, width: torch.zeros(len(seqs), width, dtype=torch.int64),
+        torch.device("cpu"),
+    )
+    rows = torch.cat([g.rows for g in layout.groups]).sort().values
+    assert rows.tolist() == list(range(8))

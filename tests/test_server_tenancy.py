@@ -1,0 +1,169 @@
+"""Tenant isolation (SRV-070..SRV-072): ``cache_salt`` on both endpoints, API keys, and one
+prefix-cache namespace per key, so that nothing a client can read without a clock tells it
+whether another tenant sent a prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AuthenticationError, OpenAI
+from server_harness import Running, error_of, metric, post_json, running, wait_idle
+from serving_models import tiny_chat_model
+
+from pagedkv.backend import load_engine
+from pagedkv.engine.config import EngineConfig
+from pagedkv.server.app import ServerConfig, create_app
+
+MODEL = "tiny"
+CONFIG = EngineConfig(page_size=8, num_pages=96, max_model_len=256)
+KEY_A = "key-of-tenant-a"
+KEY_B = "key-of-tenant-b"
+#: Several full pages long, so that a repeat of it is served from the prefix cache.
+LONG = "import os\nimport sys\n\nclass Config:\n    def __init__(self, path):\n" * 3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
+
+
+@pytest.fixture(scope="module")
+def open_server(model_dir: Path) -> Iterator[Running]:
+    """No keys: salts come from the requests only."""
+    app = create_app(load_engine(model_dir, CONFIG), MODEL)
+    with running(app) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def tenant_server(model_dir: Path) -> Iterator[Running]:
+    """Two keys, each its own prefix-cache namespace."""
+    config = ServerConfig(api_keys=(KEY_A, KEY_B), cache_salt_per_api_key=True)
+    app = create_app(load_engine(model_dir, CONFIG), MODEL, config=config)
+    with running(app) as server:
+        yield server
+
+
+def cached(response: httpx.Response) -> int:
+    assert response.status_code == 200, response.text
+    tokens: int = response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return tokens
+
+
+def completion(
+    url: str, key: str | None = None, prompt: str = LONG, **extra: Any
+) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {"prompt": prompt, "max_tokens": 2, **extra}
+    return post_json(f"{url}/v1/completions", body, **headers)
+
+
+def chat(url: str, key: str | None = None, prompt: str = LONG, **extra: Any) -> httpx.Response:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2, **extra}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return post_json(f"{url}/v1/chat/completions", body, **headers)
+
+
+@pytest.mark.spec("SRV-070")
+def test_cache_salt_separates_prefix_caches(open_server: Running) -> None:
+    url = open_server.url
+    for send in (completion, chat):
+        assert cached(send(url, cache_salt="salt-one")) == 0
+        assert cached(send(url, cache_salt="salt-two")) == 0  # same prompt, other salt
+        assert cached(send(url, cache_salt="salt-one")) > 0
+        assert cached(send(url)) == 0  # no salt is a namespace of its own
+        assert cached(send(url)) > 0
+    wait_idle(open_server.bridge)
+
+
+@pytest.mark.spec("SRV-070")
+def test_an_empty_cache_salt_is_400(open_server: Running) -> None:
+    assert error_of(completion(open_server.url, cache_salt=""), 400)["param"] == "cache_salt"
+    assert error_of(chat(open_server.url, cache_salt=""), 400)["param"] == "cache_salt"
+
+
+@pytest.mark.spec("SRV-071")
+def test_api_keys_are_required_except_for_health(tenant_server: Running) -> None:
+    url = tenant_server.url
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY_A}"}):
+        for method, path in (
+            ("POST", "/v1/completions"),
+            ("POST", "/v1/chat/completions"),
+            ("GET", "/v1/models"),
+            ("GET", "/metrics"),
+            ("POST", "/tokenize"),
+            ("GET", "/version"),
+            ("GET", "/openapi.json"),
+        ):
+            response = httpx.request(method, f"{url}{path}", headers=headers, json={})
+            error = error_of(response, 401)
+            assert error["code"] == "invalid_api_key"
+            assert response.headers["www-authenticate"] == "Bearer"
+    for near in (KEY_A[:-1], KEY_A + "x", KEY_A.upper(), f" {KEY_B}x"):
+        error_of(completion(url, near), 401)
+    assert httpx.get(f"{url}/health").status_code == 200
+    assert completion(url, KEY_A).status_code == 200
+    scheme = httpx.get(f"{url}/v1/models", headers={"Authorization": f"bearer {KEY_B}"})
+    assert scheme.status_code == 200
+    client = OpenAI(base_url=f"{url}/v1", api_key=KEY_B, max_retries=0)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0).models.list()
+    wait_idle(tenant_server.bridge)
+
+
+def prefix_hits(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY_A}"}).text
+    return metric(text, "vllm:prefix_cache_hits_total", model_name=MODEL)
+
+
+@pytest.mark.spec("SRV-072")
+def test_tenants_never_hit_each_others_pages(tenant_server: Running) -> None:
+    url = tenant_server.url
+    secret = "# tenant secret\n" + LONG  # starts as no other test prompt does
+    for send in (completion, chat):
+        assert cached(send(url, KEY_A, secret)) == 0
+        assert cached(send(url, KEY_A, secret)) > 0  # a tenant reuses its own pages
+        hits = prefix_hits(url)
+        probe = send(url, KEY_B, secret)  # the other tenant sends the very same prompt
+        assert cached(probe) == 0
+        assert prefix_hits(url) == hits  # no hit anywhere, not even in the aggregate
+        # the request's own salt cannot reach into another tenant's namespace either
+        assert cached(send(url, KEY_B, secret, cache_salt="shared")) == 0
+        assert cached(send(url, KEY_A, secret, cache_salt="shared")) == 0
+        assert cached(send(url, KEY_A, secret, cache_salt="shared")) > 0
+    wait_idle(tenant_server.bridge)
+
+
+@pytest.mark.spec("SRV-072")
+def test_streamed_usage_does_not_leak_across_tenants(tenant_server: Running) -> None:
+    url = tenant_server.url
+    prompt = "# streamed\n" + LONG
+    seen = []
+    for key in (KEY_A, KEY_A, KEY_B):
+        body = {
+            "prompt": prompt,
+            "max_tokens": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        ) as response:
+            events = [line for line in response.iter_lines() if line.startswith("data: {")]
+        usage = json.loads(events[-1][len("data: ") :])["usage"]
+        seen.append(usage["prompt_tokens_details"]["cached_tokens"])
+    assert seen[0] == 0
+    assert seen[1] > 0
+    assert seen[2] == 0
+    wait_idle(tenant_server.bridge)

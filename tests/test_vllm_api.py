@@ -1,0 +1,158 @@
+"""The Python API in vLLM's shapes (specs/engine.md ENG-061, ENG-062), on the embedded model.
+
+The first test is a vLLM user's script, unchanged but for its import line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pagedkv import LLM, CompletionOutput, RequestOutput, SamplingParams
+from pagedkv.assets import has_default_model
+from pagedkv.errors import InvalidRequest
+
+pytestmark = pytest.mark.skipif(not has_default_model(), reason="the embedded model is absent")
+
+VLLM_SCRIPT = """
+from pagedkv import LLM, SamplingParams
+
+prompts = ["Hello, my name is", "def fibonacci(n):"]
+sampling_params = SamplingParams(n=2, temperature=0.8, top_p=0.95, seed=0, max_tokens=8)
+llm = LLM(block_size=8, num_pages=128)
+outputs = llm.generate(prompts, sampling_params=sampling_params)
+seen = []
+for output in outputs:
+    prompt = output.prompt
+    for i in range(len(output.outputs)):
+        generated_text = output.outputs[i].text
+        seen.append((prompt, output.outputs[i].index, generated_text))
+tokenizer = llm.get_tokenizer()
+"""
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def script() -> dict[str, Any]:
+    """What the vLLM script leaves behind."""
+    namespace: dict[str, Any] = {}
+    exec(compile(VLLM_SCRIPT, "vllm_script.py", "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def llm(script: dict[str, Any]) -> LLM:
+    value = script["llm"]
+    assert isinstance(value, LLM)
+    return value
+
+
+@pytest.mark.spec("ENG-061")
+def test_a_vllm_script_runs_unchanged(script: dict[str, Any], llm: LLM) -> None:
+    outputs: list[RequestOutput] = script["outputs"]
+    assert [(p, i) for p, i, _ in script["seen"]] == [
+        ("Hello, my name is", 0),
+        ("Hello, my name is", 1),
+        ("def fibonacci(n):", 0),
+        ("def fibonacci(n):", 1),
+    ]
+    assert llm.engine.config.page_size == 8  # block_size is page_size
+    tokenizer = script["tokenizer"]
+    for output in outputs:
+        assert output.prompt_token_ids == tuple(tokenizer.encode(output.prompt))
+        assert isinstance(output.num_cached_tokens, int)
+        assert output.finished
+        for completion in output.outputs:
+            assert isinstance(completion, CompletionOutput)
+            assert len(completion.token_ids) == 8
+            assert completion.text == tokenizer.decode(completion.token_ids)
+            assert completion.finish_reason == "length"
+            assert completion.stop_reason is None
+            assert completion.cumulative_logprob is not None
+            assert completion.cumulative_logprob < 0
+            assert completion.finished()
+    assert outputs[0].outputs[0].token_ids != outputs[0].outputs[1].token_ids
+
+
+@pytest.mark.spec("ENG-061")
+def test_earlier_names_still_work(llm: LLM) -> None:
+    (by_keyword,) = llm.generate("import os", params=GREEDY, use_tqdm=False)
+    (positional,) = llm.generate("import os", GREEDY, use_tqdm=False)
+    assert by_keyword.text == positional.outputs[0].text
+    assert by_keyword.token_ids == positional.outputs[0].token_ids
+    assert by_keyword.finish_reason == positional.outputs[0].finish_reason
+    with pytest.raises(InvalidRequest):
+        llm.generate("import os", sampling_params=GREEDY, params=GREEDY)
+    with pytest.raises(InvalidRequest, match="block_size"):
+        LLM(page_size=16, block_size=8)
+
+
+@pytest.mark.spec("ENG-062")
+def test_prompt_dicts(llm: LLM) -> None:
+    tokenizer = llm.get_tokenizer()
+    ids = tokenizer.encode("class Config:")
+    outs = llm.generate(
+        [{"prompt_token_ids": ids}, {"prompt": "class Config:"}, "class Config:", ids],
+        GREEDY,
+        use_tqdm=False,
+    )
+    assert [o.prompt_token_ids for o in outs] == [tuple(ids)] * 4
+    assert [o.prompt for o in outs] == [None, "class Config:", "class Config:", None]
+    assert len({o.token_ids for o in outs}) == 1
+    (single,) = llm.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)
+    assert single.token_ids == outs[0].token_ids
+
+
+@pytest.mark.spec("ENG-062")
+def test_a_prompt_dict_carries_its_cache_salt(llm: LLM) -> None:
+    prompt = "import json\n" * 12
+    llm.generate({"prompt": prompt, "cache_salt": "a"}, GREEDY, use_tqdm=False)
+    (same,) = llm.generate({"prompt": prompt, "cache_salt": "a"}, GREEDY, use_tqdm=False)
+    (other,) = llm.generate({"prompt": prompt, "cache_salt": "b"}, GREEDY, use_tqdm=False)
+    assert same.num_cached_tokens > 0
+    assert other.num_cached_tokens == 0
+
+
+@pytest.mark.spec("ENG-062")
+@pytest.mark.parametrize(
+    ("prompt", "named"),
+    [
+        ({"prompt_token_ids": [1, 2], "multi_modal_data": {}}, "multi_modal_data"),
+        ({"prompt": "x", "prompt_token_ids": [1]}, "exactly one"),
+        ({"cache_salt": "a"}, "exactly one"),
+        ({"prompt_token_ids": ["a"]}, "integer"),
+        ({"prompt": 3}, "text"),
+    ],
+)
+def test_bad_prompt_dicts_are_refused_by_name(llm: LLM, prompt: Any, named: str) -> None:
+    with pytest.raises(InvalidRequest, match=named):
+        llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.spec("ENG-061")
+def test_get_tokenizer_is_the_hugging_face_tokenizer(llm: LLM) -> None:
+    tokenizer = llm.get_tokenizer()
+    messages = [{"role": "user", "content": "hi"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    (chat,) = llm.chat(messages, GREEDY, use_tqdm=False)
+    assert chat.prompt_token_ids == tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.spec("ENG-047", "PST-006")
+def test_samples_on_the_real_model_equal_their_solo_runs(llm: LLM) -> None:
+    """On the real model and its PagedStore, each of ``n=3`` samples (the prompt's partial
+    page copied for two of them) equals the prompt run alone with seed ``seed + i``."""
+    prompt = "def read_config(path):\n    with open(path) as f:\n"
+    assert len(llm.get_tokenizer().encode(prompt)) % 8 != 0  # a partial page to copy
+    params = SamplingParams(n=3, temperature=0.9, seed=41, max_tokens=10)
+    (out,) = llm.generate(prompt, params, use_tqdm=False)
+    solo = llm.generate(
+        [prompt] * 3,
+        [SamplingParams(temperature=0.9, seed=41 + i, max_tokens=10) for i in range(3)],
+        use_tqdm=False,
+    )
+    assert [c.token_ids for c in out.outputs] == [o.token_ids for o in solo]
+    assert len({c.token_ids for c in out.outputs}) > 1
