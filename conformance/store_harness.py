@@ -22,8 +22,9 @@ def attend(
     store: PagedStore, layer: int, query: torch.Tensor, batch: AttentionBatch, scale: float
 ) -> torch.Tensor:
     """The one place the suite runs a store's attention, so a change of the PagedStore
-    Protocol's attention calls is a change here only."""
-    return store.attention(layer, query, batch, scale)
+    Protocol's attention calls is a change here only: the step's metadata from
+    ``prepare(batch)`` (which checks the batch), then the layer's attention over it."""
+    return store.attention(layer, query, store.prepare(batch), scale)
 
 
 def dense_reference(
