@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +13,7 @@ from test_paged_store import ATOL, batch_for, dense_reference
 
 from pagedkv.interfaces import AttentionBatch, StoreConfig
 from pagedkv.kv.paged_store import PagedAttentionMetadata, TorchPagedStore
-from pagedkv.kv.ragged_attention import GROUP_ROWS, plan_attention
+from pagedkv.kv.ragged_attention import DECODE_FILL, GROUP_ROWS, plan_attention
 from pagedkv.model.step_attention import RecomputeStepAttention
 from pagedkv.plan import SeqChunk, build_recompute_plan
 from pagedkv.testing.tiny_qwen3 import one_torch_thread
@@ -26,8 +27,8 @@ def _one_torch_thread() -> Iterator[None]:
         yield
 
 
-def filled_store(layers: int = 3) -> TorchPagedStore:
-    store = TorchPagedStore(StoreConfig(layers, 2, 8, PAGE, 128))
+def filled_store(layers: int = 3, num_pages: int = 128) -> TorchPagedStore:
+    store = TorchPagedStore(StoreConfig(layers, 2, 8, PAGE, num_pages))
     gen = torch.Generator().manual_seed(0)
     for layer in range(layers):
         store.key_pool(layer).copy_(torch.randn(store.key_pool(layer).shape, generator=gen))
@@ -148,17 +149,24 @@ def test_metadata_is_immutable_and_used_in_any_order() -> None:
 
 @pytest.mark.spec("PST-015", "PST-012")
 def test_equal_shaped_chunks_share_calls_a_bounded_number_at_a_time() -> None:
-    """Decode tokens form one group; prefill chunks of one shape share groups of at most
-    GROUP_ROWS rows; other shapes run alone. The grouped result is the dense one."""
-    q_lens = [1, 8, 8, 1, 8, 6, 8, *([2] * 70)]
-    contexts = [9, 8, 8, 3, 8, 12, 8, *([2] * 70)]
+    """Decode tokens of close lengths form one group; prefill chunks of one shape share groups
+    of at most GROUP_ROWS rows; other shapes run alone. The grouped result is the dense one."""
+    q_lens = [1, 8, 8, 1, 8, 6, 8, 1, *([2] * 70)]
+    contexts = [9, 8, 8, 3, 8, 12, 8, 7, *([2] * 70)]
     store = filled_store(layers=1)
     batch = ragged_batch(q_lens, contexts)
     metadata = store.prepare(batch)
     assert isinstance(metadata, PagedAttentionMetadata)
     shapes = sorted((g.num_seqs, g.q_len, g.width) for g in metadata.layout.groups)
     assert shapes == sorted(
-        [(2, 1, 9), (4, 8, 8), (1, 6, 12), (GROUP_ROWS // 2, 2, 2), (70 - GROUP_ROWS // 2, 2, 2)]
+        [
+            (2, 1, 9),
+            (1, 1, 3),
+            (4, 8, 8),
+            (1, 6, 12),
+            (GROUP_ROWS // 2, 2, 2),
+            (70 - GROUP_ROWS // 2, 2, 2),
+        ]
     )
     query = torch.randn(sum(q_lens), 4, 8)
     out = store.attention(0, query, metadata, 0.3)
@@ -185,6 +193,30 @@ def test_recomputation_groups_and_matches_dense_attention() -> None:
         want = dense_reference(query[rows], key[rows], value[rows], 0.3)
         torch.testing.assert_close(out[rows].double(), want, atol=ATOL, rtol=0)
         start += n
+
+
+@pytest.mark.spec("PST-017")
+@pytest.mark.parametrize("seed", range(5))
+def test_decode_gathers_are_mostly_real_positions(seed: int) -> None:
+    """However ragged the contexts, every decode group's gather is at least DECODE_FILL real
+    positions, sequences of one group are within that ratio of each other, and the result is
+    each sequence's dense attention."""
+    rng = random.Random(seed)
+    contexts = [rng.choice([1, 2, 5, 16, 17, 40, 100, 300]) + rng.randrange(3) for _ in range(24)]
+    store = filled_store(layers=1, num_pages=2048)
+    batch = ragged_batch([1] * len(contexts), contexts)
+    metadata = store.prepare(batch)
+    assert isinstance(metadata, PagedAttentionMetadata)
+    groups = metadata.layout.groups
+    assert sum(g.num_seqs for g in groups) == len(contexts)
+    for group in groups:
+        lengths = [contexts[r] for r in group.rows.tolist()]
+        assert group.width == max(lengths)
+        assert min(lengths) >= DECODE_FILL * max(lengths)
+        assert sum(lengths) >= DECODE_FILL * group.num_seqs * max(lengths)
+    query = torch.randn(len(contexts), 4, 8)
+    out = store.attention(0, query, metadata, 0.3)
+    torch.testing.assert_close(out.double(), expected(store, 0, query, batch), atol=ATOL, rtol=0)
 
 
 def test_plan_attention_covers_every_row_once() -> None:

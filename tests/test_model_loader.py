@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from pagedkv.errors import CheckpointError, InvalidRequest, UnsupportedModel
 from pagedkv.model.config import ModelConfig
-from pagedkv.model.loader import load_model
+from pagedkv.model.loader import checkpoint_tensors, load_model
 from pagedkv.testing.tiny_qwen3 import (
     PRESETS,
     build_hf_model,
@@ -98,13 +98,44 @@ def test_loads_every_tensor_of_a_checkpoint(which: str, request: pytest.FixtureR
     model = load_model(path)
     reference = build_hf_model(PRESETS["untied-mha" if which == "untied" else "tied-gqa4-bias"])
     expected = dict(reference.named_parameters())
-    ours = dict(model.named_parameters())
+    ours = checkpoint_tensors(model, expected)
     assert set(ours) == set(expected)
     for name, tensor in ours.items():
         assert torch.equal(tensor, expected[name]), name
     assert (model.lm_head is None) == (which == "tied")
     assert not model.training
     assert not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.spec("GLD-007")
+def test_merged_projections_load_part_by_part_or_whole(untied: Path, tmp_path: Path) -> None:
+    """q/k/v and gate/up fill their rows of the merged weights in order; a checkpoint storing
+    the merged tensor loads it whole; a missing part is named."""
+    model = load_model(untied)
+    stored = load_file(untied / "model.safetensors")
+    attention = model.model.layers[1].self_attn
+    q, k, v = attention.qkv_proj.weight.split(attention.qkv_proj.sizes)
+    prefix = "model.layers.1.self_attn"
+    assert torch.equal(q, stored[f"{prefix}.q_proj.weight"])
+    assert torch.equal(k, stored[f"{prefix}.k_proj.weight"])
+    assert torch.equal(v, stored[f"{prefix}.v_proj.weight"])
+    gate, up = model.model.layers[0].mlp.gate_up_proj.weight.chunk(2)
+    assert torch.equal(gate, stored["model.layers.0.mlp.gate_proj.weight"])
+    assert torch.equal(up, stored["model.layers.0.mlp.up_proj.weight"])
+
+    merged = copy_of(untied, tmp_path)
+    parts = [stored[f"{prefix}.{p}_proj.weight"] for p in "qkv"]
+    edit_tensors(
+        merged,
+        **{f"{prefix}.{p}_proj.weight".replace(".", "__"): None for p in "qkv"},
+        **{f"{prefix}.qkv_proj.weight".replace(".", "__"): torch.cat(parts)},
+    )
+    for a, b in zip(load_model(merged).parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+    edit_tensors(merged, **{f"{prefix}.qkv_proj.weight".replace(".", "__"): None})
+    with pytest.raises(CheckpointError, match=re.escape(f"{prefix}.v_proj.weight")):
+        load_model(merged)
 
 
 @pytest.mark.spec("GLD-001")

@@ -6,10 +6,12 @@ zero-argument factory named ``module:factory`` (``--backend`` / ``PAGEDKV_BACKEN
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.interfaces import KVManager, KVManagerConfig, PagedStore, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.kv.radix_index import RadixPrefixIndex
@@ -30,10 +32,14 @@ class ReferenceBackend:
     Attributes:
         prefix_index: ``hash`` (chained hash, verified against token ids) or ``radix`` (a tree
             of pages keyed by token ids); the KVManager and engines built here use it.
+        runner_options: how the model runners built here run their models (ENG-110); a v0
+            runner (no K/V pool) takes them without ``compile`` and ``cuda_graphs``, which
+            run v1 decode steps.
     """
 
     name: str = "pagedkv reference"
     prefix_index: Literal["hash", "radix"] = "hash"
+    runner_options: RunnerOptions = dataclasses.field(default_factory=RunnerOptions)
     capabilities: frozenset[str] = frozenset(
         {"prefix_caching", "eviction", "reset", "fork", "paged_store", "model", "engine", "cuda"}
     )
@@ -141,8 +147,16 @@ class ReferenceBackend:
         from pagedkv.engine.runner import ModelRunner
 
         return ModelRunner.from_model_dir(
-            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
+            model_dir,
+            num_pages=num_pages,
+            page_size=page_size,
+            dtype=dtype,
+            device=device,
+            options=self.runner_options if num_pages is not None else self._v0_options(),
         )
+
+    def _v0_options(self) -> RunnerOptions:
+        return dataclasses.replace(self.runner_options, compile=False, cuda_graphs=False)
 
 
 def reference_backend() -> ReferenceBackend:
@@ -170,3 +184,12 @@ def radix_backend() -> ReferenceBackend:
     """Factory for ``--backend pagedkv.backend:radix_backend``: the reference with its prefix
     index swapped for the radix tree, held to the same suite."""
     return ReferenceBackend(name="pagedkv reference, radix prefix index", prefix_index="radix")
+
+
+def compiled_backend() -> ReferenceBackend:
+    """Factory for ``--backend pagedkv.backend:compiled_backend``: the reference with its decode
+    steps compiled by ``torch.compile`` (ENG-110), held to the same suites
+    (``make conformance-compiled`` runs the golden ones)."""
+    return ReferenceBackend(
+        name="pagedkv reference, compiled decode", runner_options=RunnerOptions(compile=True)
+    )

@@ -27,7 +27,11 @@ WORKLOADS = (
     "decode",
     "detokenize",
     "parallel",
+    "peers",
 )
+
+#: The workloads ``--device cuda`` runs: those of the Qwen3-0.6B-shaped checkpoint.
+CUDA_WORKLOADS = ("decode", "peers")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +56,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"run only this workload (repeatable): {', '.join(WORKLOADS)}",
     )
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op threads (default: 1)"
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of every system (default: the physical cores usable)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where pagedkv and transformers run; cuda runs the 0.6B-shape workloads "
+        f"({', '.join(CUDA_WORKLOADS)}) and is skipped with a reason without a GPU",
     )
     parser.add_argument(
         "--cache-dir",
@@ -103,9 +117,15 @@ def run(args: argparse.Namespace) -> int:
 
         print(results_table(read_json(args.table)))
         return 0
-    if args.threads < 1:
+    if args.threads is not None and args.threads < 1:
         print("bench: error: --threads must be >= 1", file=sys.stderr)
         return 2
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("bench: skipped: --device cuda, but CUDA is not available here", file=sys.stderr)
+            return 0
     from pagedkv.bench.suite import run_suite
 
     return run_suite(args)

@@ -27,6 +27,7 @@ class BenchContext:
     Attributes:
         quick: the short CI mode: smaller workloads, no 0.6B-shaped checkpoint, no plots.
         threads: torch intra-op threads for every system measured.
+        device: where pagedkv and transformers run (``cpu`` or ``cuda``).
         cache_dir: where generated checkpoints are kept between runs.
         seed: seed of every workload's request generator.
         verbose: print progress lines to stderr.
@@ -35,6 +36,7 @@ class BenchContext:
 
     quick: bool
     threads: int
+    device: str = "cpu"
     cache_dir: Path = field(default_factory=default_cache_dir)
     seed: int = 0
     verbose: bool = True

@@ -24,7 +24,7 @@ HF_GENERATE_BATCH = "hf-generate-batch"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_hf_model(checkpoint: Checkpoint, dtype: str = "float32") -> Any:
+def load_hf_model(checkpoint: Checkpoint, dtype: str = "float32", device: str = "cpu") -> Any:
     """The checkpoint as a transformers ``Qwen3ForCausalLM`` (SDPA attention, eval mode)."""
     from transformers import Qwen3ForCausalLM
 
@@ -32,7 +32,7 @@ def load_hf_model(checkpoint: Checkpoint, dtype: str = "float32") -> Any:
     model = model_class.from_pretrained(
         str(checkpoint.path), dtype=_DTYPES[dtype], attn_implementation="sdpa"
     )
-    return model.eval()
+    return model.to(device).eval()
 
 
 class TokenClock:
@@ -102,10 +102,11 @@ def _generate_batch(model: Any, batch: Sequence[BenchRequest], pad_token_id: int
         eos_token_id=None,
     )
     clock = TokenClock()
+    device = model.device
     with torch.inference_mode():
         out = model.generate(
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            attention_mask=torch.tensor(mask, dtype=torch.int64),
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+            attention_mask=torch.tensor(mask, dtype=torch.int64, device=device),
             generation_config=config,
             streamer=clock,
         )

@@ -13,6 +13,7 @@ from pagedkv.engine.config import CacheMode, EngineConfig
 from pagedkv.engine.outputs import RequestOutput, StepReport
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.runner import ModelRunner
+from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.interfaces import Engine, StepRunner
 
 #: Called after every engine step, e.g. to sample the KV cache's occupancy.
@@ -25,11 +26,21 @@ PAGE_SIZE = 16
 
 
 def load_runner(
-    checkpoint: Checkpoint, num_pages: int, page_size: int = PAGE_SIZE, dtype: str = "float32"
+    checkpoint: Checkpoint,
+    num_pages: int,
+    page_size: int = PAGE_SIZE,
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> ModelRunner:
-    """The checkpoint's model with a preallocated K/V pool of ``num_pages`` pages (CPU)."""
+    """The checkpoint's model with a preallocated K/V pool of ``num_pages`` pages; on CUDA its
+    decode steps replay CUDA graphs (ENG-113)."""
     return ModelRunner.from_model_dir(
-        checkpoint.path, num_pages=num_pages, page_size=page_size, dtype=dtype, device="cpu"
+        checkpoint.path,
+        num_pages=num_pages,
+        page_size=page_size,
+        dtype=dtype,
+        device=device,
+        options=RunnerOptions(cuda_graphs=device.startswith("cuda")),
     )
 
 

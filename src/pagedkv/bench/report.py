@@ -57,6 +57,28 @@ def systems_table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def peers_table(document: dict[str, Any]) -> str:
+    """The peers workload's rows: tokens/s of each system, and the machine's limits."""
+    figures = document.get("workloads", {}).get("peers", {}).get("figures", {})
+    rows = figures.get("rows")
+    if not rows:
+        return ""
+    systems = ("hf-generate", "vllm-cpu", "pagedkv")
+    lines = [
+        f"Tokens/s at {figures.get('threads')} thread(s); decode rows: decode tokens/s "
+        "(prefill excluded); batch rows: output tokens/s over the wall time, prefill included "
+        f"(prompt {figures.get('prompt_len')}, {figures.get('new_tokens')} new tokens). "
+        f"Float32 GEMM peak measured: {_fmt(figures.get('gemm_peak_gflop_per_s'))} GFLOP/s.",
+        "",
+        "| workload | transformers generate | vLLM CPU backend | pagedkv |",
+        "|---|---|---|---|",
+    ]
+    for name, values in rows.items():
+        cells = " | ".join(_fmt(values.get(s)) for s in systems)
+        lines.append(f"| {name.replace('_', ' ')} | {cells} |")
+    return "\n".join(lines)
+
+
 def results_markdown(document: dict[str, Any]) -> str:
     """The whole results.md: machine, targets, ratios, mixed-workload systems, notes."""
     machine = document.get("machine", {})
@@ -69,8 +91,10 @@ def results_markdown(document: dict[str, Any]) -> str:
         "measured in this run against the alternative on the same machine, checkpoint and "
         "workload.",
         "",
-        f"- CPU: {machine.get('cpu_model')}, {machine.get('cores')} cores usable, "
-        f"{machine.get('torch_threads')} torch thread(s)",
+        f"- CPU: {machine.get('cpu_model')}, {machine.get('cores')} cores usable "
+        f"({machine.get('physical_cores')} physical), {machine.get('torch_threads')} torch "
+        f"thread(s), flags {', '.join(machine.get('cpu_flags') or []) or 'n/a'}, "
+        f"OMP_WAIT_POLICY {machine.get('omp_wait_policy')}",
         f"- Load average (1, 5, 15 min) at start: {machine.get('load_average_start')}, "
         f"at end: {machine.get('load_average_end')}",
         f"- torch {machine.get('torch')}, transformers {machine.get('transformers')}, "
@@ -89,6 +113,9 @@ def results_markdown(document: dict[str, Any]) -> str:
     systems = systems_table(document)
     if systems:
         parts += ["", "## Mixed workload, per system", "", systems]
+    peers = peers_table(document)
+    if peers:
+        parts += ["", "## Beside the CPU peers (Qwen3-0.6B shape)", "", peers]
     notes = [
         f"- {name}: {note}"
         for name, w in document.get("workloads", {}).items()

@@ -20,15 +20,16 @@ from pagedkv.bench import (
     micro,
     mixed,
     parallel,
+    peers,
     plots,
     scaling,
     scheduling,
     shared_prefix,
 )
 from pagedkv.bench.checkpoints import QWEN3_0_6B, Checkpoint, small_checkpoint
-from pagedkv.bench.cli import WORKLOADS
+from pagedkv.bench.cli import CUDA_WORKLOADS, WORKLOADS
 from pagedkv.bench.context import BenchContext, default_cache_dir
-from pagedkv.bench.machine import load_average, machine_info
+from pagedkv.bench.machine import load_average, machine_info, physical_cores
 from pagedkv.bench.pagedkv_system import PAGE_SIZE
 from pagedkv.bench.report import results_markdown
 from pagedkv.bench.results import WorkloadResult, build_document, read_json, write_json
@@ -51,6 +52,7 @@ def _runners() -> dict[str, Runner]:
         "decode": lambda ctx, ck, vocab: decode.run(ctx),
         "detokenize": lambda ctx, ck, vocab: detokenize.run(ctx, ck),
         "parallel": lambda ctx, ck, vocab: parallel.run(ctx, ck),
+        "peers": lambda ctx, ck, vocab: peers.run(ctx),
     }
 
 
@@ -59,7 +61,8 @@ def run_suite(args: argparse.Namespace) -> int:
     the results, check the floors if asked; the exit status."""
     ctx = BenchContext(
         quick=args.quick,
-        threads=args.threads,
+        threads=args.threads if args.threads is not None else physical_cores(),
+        device=args.device,
         cache_dir=args.cache_dir or default_cache_dir(),
         seed=args.seed,
         verbose=not args.quiet,
@@ -67,6 +70,8 @@ def run_suite(args: argparse.Namespace) -> int:
     _quiet_transformers()
     torch.set_num_threads(ctx.threads)
     selected = args.only or (QUICK_WORKLOADS if ctx.quick else WORKLOADS)
+    if ctx.device != "cpu":
+        selected = [w for w in selected if w in CUDA_WORKLOADS]
     machine = machine_info(ctx.threads)
     checkpoint = small_checkpoint(ctx.cache_dir)
     vocab = _vocab(checkpoint)
@@ -107,6 +112,7 @@ def _settings(ctx: BenchContext, checkpoint: Checkpoint, selected: Sequence[str]
         "workloads": [w for w in WORKLOADS if w in selected],
         "seed": ctx.seed,
         "torch_threads": ctx.threads,
+        "device": ctx.device,
         "dtype": "float32",
         "page_size": PAGE_SIZE,
         "small_checkpoint": f"{checkpoint.name} ({checkpoint.description})",

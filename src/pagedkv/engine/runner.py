@@ -14,10 +14,13 @@ from pathlib import Path
 
 import torch
 
+from pagedkv.engine.runner_options import RunnerOptions
+from pagedkv.engine.static_decode import StaticDecode
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
-from pagedkv.kv.paged_store import TorchPagedStore
+from pagedkv.kv.paged_store import PagedAttentionMetadata, TorchPagedStore
 from pagedkv.model.loader import load_model
+from pagedkv.model.packing import pack_linear_weights, weight_nbytes
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.model.step_attention import PagedStepAttention, RecomputeStepAttention, StepAttention
 from pagedkv.plan import StepPlan
@@ -29,21 +32,40 @@ PrepareAttention = Callable[[StepPlan], StepAttention]
 class ModelRunner:
     """Runs plans on a model; the only place the engine's work meets tensors of the model.
 
-    Build it with :meth:`paged`, :meth:`recompute` or :meth:`from_model_dir`.
+    Build it with :meth:`paged`, :meth:`recompute` or :meth:`from_model_dir`. Packing the
+    weights (``options.pack_weights``) changes the model itself, once: a model given to several
+    runners stays packed. Compiled or captured decode steps belong to this runner.
 
     Attributes:
         model: the Qwen3 model.
+        options: how it runs.
     """
 
     def __init__(
-        self, model: Qwen3ForCausalLM, prepare: PrepareAttention, store: PagedStore | None = None
+        self,
+        model: Qwen3ForCausalLM,
+        prepare: PrepareAttention,
+        store: PagedStore | None = None,
+        options: RunnerOptions | None = None,
+        static_decode: StaticDecode | None = None,
     ) -> None:
         self.model = model
+        self.options = options or RunnerOptions()
         self._prepare = prepare
         self._store = store
+        self._static = static_decode
+        if self.options.pack_weights:
+            pack_linear_weights(model)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights, packed ones counted as their plain size."""
+        return weight_nbytes(self.model)
 
     @classmethod
-    def paged(cls, model: Qwen3ForCausalLM, store: PagedStore) -> ModelRunner:
+    def paged(
+        cls, model: Qwen3ForCausalLM, store: PagedStore, options: RunnerOptions | None = None
+    ) -> ModelRunner:
         """A runner for v1 plans, writing and reading K/V in ``store``.
 
         Raises:
@@ -60,12 +82,24 @@ class ModelRunner:
                 f"{shape.head_dim} channels; the model needs {config.num_hidden_layers} x "
                 f"{config.num_key_value_heads} x {config.head_dim}"
             )
-        return cls(model, partial(PagedStepAttention.prepare, store), store)
+        options = options or RunnerOptions()
+        static = None
+        if options.cuda_graphs or options.compile:
+            static = _static_decode(model, store, options)
+        return cls(model, partial(PagedStepAttention.prepare, store), store, options, static)
 
     @classmethod
-    def recompute(cls, model: Qwen3ForCausalLM) -> ModelRunner:
-        """A runner for cache-less (v0) plans; it keeps no K/V."""
-        return cls(model, RecomputeStepAttention.prepare)
+    def recompute(
+        cls, model: Qwen3ForCausalLM, options: RunnerOptions | None = None
+    ) -> ModelRunner:
+        """A runner for cache-less (v0) plans; it keeps no K/V.
+
+        Raises:
+            InvalidRequest: options that need a K/V pool (``cuda_graphs``, ``compile``).
+        """
+        if options is not None and (options.cuda_graphs or options.compile):
+            raise InvalidRequest("cuda_graphs and compile run decode steps of a v1 (paged) runner")
+        return cls(model, RecomputeStepAttention.prepare, None, options)
 
     @classmethod
     def from_model_dir(
@@ -76,12 +110,13 @@ class ModelRunner:
         page_size: int,
         dtype: str = "float32",
         device: str = "cpu",
+        options: RunnerOptions | None = None,
     ) -> ModelRunner:
         """Load a checkpoint; with ``num_pages`` set, preallocate its K/V pool once and run v1
         plans, else run v0 plans."""
         model = load_model(model_dir, dtype=dtype, device=device)
         if num_pages is None:
-            return cls.recompute(model)
+            return cls.recompute(model, options)
         cfg = model.config
         store = TorchPagedStore(
             StoreConfig(
@@ -94,7 +129,7 @@ class ModelRunner:
                 device=device,
             )
         )
-        return cls.paged(model, store)
+        return cls.paged(model, store, options)
 
     @property
     def device(self) -> torch.device:
@@ -120,5 +155,42 @@ class ModelRunner:
                 if self._store is None:
                     raise InvalidRequest("a cache-less runner has no pages to copy")
                 self._store.copy_pages(plan.page_copies[0], plan.page_copies[1])
-            logits: torch.Tensor = self.model(plan, attention)
+            if (
+                self._static is not None
+                and isinstance(attention, PagedStepAttention)
+                and isinstance(attention.metadata, PagedAttentionMetadata)
+                and self._static.fits(plan, attention.metadata)
+            ):
+                logits = self._static.run(plan, attention.metadata)
+            else:
+                logits = self.model(plan, attention)
         return logits.float().cpu()
+
+
+#: Largest decode batch run by :class:`StaticDecode` (larger ones take the ordinary path).
+STATIC_MAX_BATCH = 256
+
+
+def _static_decode(
+    model: Qwen3ForCausalLM, store: PagedStore, options: RunnerOptions
+) -> StaticDecode:
+    """The fixed-shape decode path of ``options`` over the reference store.
+
+    Raises:
+        InvalidRequest: CUDA graphs on a model not on a CUDA device, or a store other than
+            the reference one (whose pools the captured step reads).
+    """
+    device = next(model.parameters()).device
+    if options.cuda_graphs and device.type != "cuda":
+        raise InvalidRequest(f"cuda_graphs needs a model on a CUDA device, not {device}")
+    if not isinstance(store, TorchPagedStore):
+        raise InvalidRequest("cuda_graphs and compile need pagedkv's TorchPagedStore")
+    config = store.config
+    return StaticDecode(
+        model,
+        store,
+        max_batch=STATIC_MAX_BATCH,
+        max_width=min(model.config.max_positions, config.num_pages * config.page_size),
+        cuda_graphs=options.cuda_graphs,
+        compile=options.compile,
+    )

@@ -294,10 +294,10 @@ class TorchPagedStore:
         by :meth:`prepare`.
 
         Sequence ``b``'s row ``j`` sees positions ``0..context_len - q_len + j`` (PST-011).
-        Decode tokens are batched over a padded gather whose padding re-reads the sequence's
-        position 0 and is masked out, so stale slot contents never reach the result
-        (PST-013); prefill chunks of equal shape share a call. ``num_heads`` must be a multiple
-        of ``num_kv_heads`` (GQA). No host synchronisation.
+        Decode tokens of close context lengths share a padded gather (PST-017) whose padding
+        re-reads the sequence's position 0 and is masked out, so stale slot contents never
+        reach the result (PST-013); prefill chunks of equal shape share a call. ``num_heads``
+        must be a multiple of ``num_kv_heads`` (GQA). No host synchronisation.
 
         Returns:
             ``[T, num_heads, head_dim]`` in ``query``'s dtype.

@@ -7,11 +7,14 @@ at indices the caller gives. :func:`plan_attention` turns that into an
 :class:`AttentionLayout`, host work and all, once per step; :func:`ragged_attention` runs the
 layout for one layer with no host synchronisation.
 
-The layout batches what shapes allow: every sequence with one query row (decoding) attends in
-one call over a gather padded to the longest context, the padding masked and re-reading the
-sequence's own position 0 (written, so finite); prefill chunks of equal query and context
-lengths attend together, a few at a time (:data:`GROUP_ROWS` rows), so short chunks share a call
-while long ones keep a working set that fits the caches.
+The layout batches what shapes allow: sequences with one query row (decoding) are sorted by
+context length and cut into runs whose shortest context is at least :data:`DECODE_FILL` of the
+longest, each run one call over a gather padded to its longest context (the padding masked and
+re-reading the sequence's own position 0, written, so finite): at least that fraction of every
+gathered position is real, where one call padded to the longest context of a mixed batch read
+about half padding; prefill chunks of equal query and context lengths attend together, a few at
+a time (:data:`GROUP_ROWS` rows), so short chunks share a call while long ones keep a working
+set that fits the caches.
 
 This module imports torch; :mod:`pagedkv.kv` does not import it (KVM-040).
 """
@@ -28,6 +31,11 @@ import torch.nn.functional as F  # noqa: N812
 #: rows (a chunk longer than it runs alone). Measured on CPU: short chunks gain up to 2x from
 #: sharing a call; past a few hundred rows a bigger batch no longer helps.
 GROUP_ROWS = 128
+
+#: Smallest share of real positions in a decode group's gather: a decoding sequence joins the
+#: group of longer contexts while its context is at least this fraction of the group's longest.
+#: Contexts spanning a factor ``r`` take at most ``1 + log(r) / log(1 / DECODE_FILL)`` calls.
+DECODE_FILL = 0.7
 
 #: ``kv_index(seq_ids, width)``: ``[len(seq_ids), width]`` int64 flat K/V index of positions
 #: ``0..width-1`` of each sequence (indices past a sequence's context are never read unmasked).
@@ -81,17 +89,19 @@ def plan_attention(
     kv_index: KVIndex,
     device: torch.device,
     group_rows: int = GROUP_ROWS,
+    decode_fill: float = DECODE_FILL,
 ) -> AttentionLayout:
     """The layout of a batch whose sequence ``b`` owns rows ``starts[b]:starts[b+1]`` and
-    attends over ``contexts[b]`` positions; equal-shape prefill chunks share calls of at most
-    ``group_rows`` rows (1: a call per chunk). Preconditions (checked by the caller):
+    attends over ``contexts[b]`` positions; decoding sequences share calls whose gathers are at
+    least ``decode_fill`` real (0: one call for all), equal-shape prefill chunks share calls of
+    at most ``group_rows`` rows (1: a call per chunk). Preconditions (checked by the caller):
     ``1 <= q_len <= context_len`` for every sequence."""
     num_seqs = len(contexts)
     q_lens = [starts[b + 1] - starts[b] for b in range(num_seqs)]
     groups: list[AttentionGroup] = []
     decode = [b for b in range(num_seqs) if q_lens[b] == 1]
-    if decode:
-        groups.append(_decode_group(decode, starts, contexts, kv_index, device))
+    for seqs in _by_length(decode, contexts, decode_fill):
+        groups.append(_decode_group(seqs, starts, contexts, kv_index, device))
     by_shape: dict[tuple[int, int], list[int]] = {}
     for b in range(num_seqs):
         if q_lens[b] > 1:
@@ -103,6 +113,19 @@ def plan_attention(
                 _chunk_group(seqs[i : i + per_call], q_len, context, starts, kv_index, device)
             )
     return AttentionLayout(num_rows=starts[-1], groups=tuple(groups))
+
+
+def _by_length(seqs: list[int], contexts: Sequence[int], fill: float) -> list[list[int]]:
+    """``seqs`` cut, longest context first, into runs whose every context is at least ``fill``
+    of the run's longest; each run in batch order."""
+    runs: list[list[int]] = []
+    longest = 0
+    for b in sorted(seqs, key=lambda s: -contexts[s]):
+        if not runs or contexts[b] < fill * longest:
+            runs.append([])
+            longest = contexts[b]
+        runs[-1].append(b)
+    return [sorted(run) for run in runs]
 
 
 def _rows(

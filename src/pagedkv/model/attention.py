@@ -12,12 +12,13 @@ import torch
 from torch import nn
 
 from pagedkv.model.config import ModelConfig
-from pagedkv.model.layers import RMSNorm, apply_rotary
+from pagedkv.model.layers import Linear, MergedLinear, RMSNorm, apply_rotary
 from pagedkv.model.step_attention import StepAttention
 
 
 class Qwen3Attention(nn.Module):
-    """One layer's attention block; parameter names follow the Hugging Face checkpoint.
+    """One layer's attention block. q, k and v are one product (``qkv_proj``, stored in the
+    checkpoint as ``q_proj``, ``k_proj`` and ``v_proj``); other names follow the checkpoint.
 
     Args:
         config: the model configuration.
@@ -32,10 +33,9 @@ class Qwen3Attention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
+        parts = (("q_proj", config.q_size), ("k_proj", config.kv_size), ("v_proj", config.kv_size))
+        self.qkv_proj = MergedLinear(config.hidden_size, parts, bias=bias)
+        self.o_proj = Linear(config.q_size, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
 
@@ -58,9 +58,10 @@ class Qwen3Attention(nn.Module):
             ``[T, hidden_size]``.
         """
         tokens = hidden.shape[0]
-        q = self.q_norm(self.q_proj(hidden).view(tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj.forward_parts(hidden)
+        q = self.q_norm(q.reshape(tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(k.reshape(tokens, self.num_kv_heads, self.head_dim))
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         attended = attention(self.layer, q, k, v, self.scale)

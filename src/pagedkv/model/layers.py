@@ -1,5 +1,6 @@
-"""The position-wise building blocks of Qwen3: RMSNorm, the rotation by RoPE tables and the
-SwiGLU MLP (the tables themselves are in :mod:`pagedkv.model.rope`).
+"""The position-wise building blocks of Qwen3: linear layers (plain, and merged: several
+projections of one input stacked on the output dimension), RMSNorm, the rotation by RoPE tables
+and the SwiGLU MLP (the tables themselves are in :mod:`pagedkv.model.rope`).
 
 Numerics follow transformers' Qwen3: RMSNorm normalises in float32 and casts back before the
 weight multiplies; rotation uses the "rotate half" layout (channel ``i`` pairs with
@@ -8,9 +9,65 @@ weight multiplies; rotation uses the "rotate half" layout (channel ``i`` pairs w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` whose weight may be repacked once for a faster CPU kernel.
+
+    :meth:`pack` swaps the weight for oneDNN's blocked layout (the format its bfloat16
+    matrix-vector and AMX kernels read); the plain weight is then released, so the layer holds
+    one copy. Unpacked, it is exactly ``nn.Linear``.
+    """
+
+    packed: torch.Tensor | None = None
+    #: Bytes per element of the weight that was packed (0 while unpacked).
+    packed_itemsize: int = 0
+
+    def pack(self) -> None:
+        """Repack the weight for oneDNN (see :mod:`pagedkv.model.packing`); idempotent."""
+        if self.packed is None:
+            self.packed_itemsize = self.weight.element_size()
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
+            self.register_parameter("weight", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[..., in_features]``; returns ``[..., out_features]``."""
+        if self.packed is not None:
+            bias = None if self.bias is None else self.bias.detach()
+            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+                x, self.packed, bias, "none", [], ""
+            )
+            return out
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
+    """Projections of one input computed as one: their weights stacked on the output dimension.
+
+    The layout of vLLM's ``QKVParallelLinear`` and ``MergedColumnParallelLinear`` (q, k and v
+    rows in that order; gate then up), so a tensor-parallel rank can take its block of each
+    part. Checkpoints store the parts under their own names (``q_proj``, ``k_proj``, ...); the
+    loader copies each into its rows (:mod:`pagedkv.model.checkpoint_layout`).
+
+    Args:
+        in_features: input width.
+        parts: ``(name, out_features)`` of each projection, in row order.
+        bias: whether every part has a bias.
+    """
+
+    def __init__(self, in_features: int, parts: Sequence[tuple[str, int]], bias: bool) -> None:
+        super().__init__(in_features, sum(size for _, size in parts), bias=bias)
+        self.parts = tuple(parts)
+        self.sizes = [size for _, size in parts]
+
+    def forward_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each part's output, in order (views of one product)."""
+        return tuple(self(x).split(self.sizes, dim=-1))
 
 
 class RMSNorm(nn.Module):
@@ -44,7 +101,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class SwiGLUMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with bias-free projections.
+    """``down(silu(gate(x)) * up(x))`` with bias-free projections, gate and up merged into one
+    product (``gate_up_proj``, stored as ``gate_proj`` and ``up_proj``).
 
     Args:
         hidden_size: input and output width.
@@ -53,11 +111,12 @@ class SwiGLUMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        parts = (("gate_proj", intermediate_size), ("up_proj", intermediate_size))
+        self.gate_up_proj = MergedLinear(hidden_size, parts, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[T, hidden_size]``; returns ``[T, hidden_size]``."""
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj.forward_parts(x)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
         return out

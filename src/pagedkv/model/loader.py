@@ -5,13 +5,14 @@ then filled tensor by tensor straight from the safetensors file(s): at no moment
 full copy of the weights exist. Every tensor name and shape is checked against the model before
 any weight is read, so a bad checkpoint fails fast with a :class:`~pagedkv.errors.CheckpointError`
 that names the offending tensor. Per-expert MoE tensors are copied into the model's stacked
-expert parameters (:mod:`pagedkv.model.checkpoint_layout`).
+expert parameters, and the parts of merged projections (q/k/v, gate/up) into their rows
+(:mod:`pagedkv.model.checkpoint_layout`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from pagedkv.errors import CheckpointError
 from pagedkv.kv.paged_store import torch_device, torch_dtype
 from pagedkv.model.checkpoint_layout import TensorPiece, checkpoint_pieces
 from pagedkv.model.config import ModelConfig
+from pagedkv.model.layers import MergedLinear
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 
 SINGLE_FILE = "model.safetensors"
@@ -63,10 +65,11 @@ def load_model(
     with torch.device("meta"):
         model = Qwen3ForCausalLM(config)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    merged = merged_parts(model)
     with ExitStack() as stack:
         handles = {path: stack.enter_context(_open(path)) for path in paths}
         locations = _locate(index, handles, config)
-        pieces = checkpoint_pieces(shapes, locations.keys())
+        pieces = checkpoint_pieces(shapes, locations.keys(), merged)
         _check_names(pieces, locations)
         _check_shapes(pieces, locations, handles)
         model = model.to(dtype=target_dtype).to_empty(device=target_device)
@@ -78,6 +81,27 @@ def load_model(
     model.eval()
     model.requires_grad_(False)
     return model
+
+
+def merged_parts(model: Qwen3ForCausalLM) -> dict[str, tuple[tuple[str, int], ...]]:
+    """The model's merged projections and their parts (see
+    :mod:`pagedkv.model.checkpoint_layout`)."""
+    return {n: m.parts for n, m in model.named_modules() if isinstance(m, MergedLinear)}
+
+
+def checkpoint_tensors(
+    model: Qwen3ForCausalLM, stored: Collection[str] = ()
+) -> dict[str, torch.Tensor]:
+    """The model's weights under the names a checkpoint stores them by: views into the
+    parameters, the inverse of loading. Merged projections are split into their parts; MoE
+    experts are per expert unless ``stored`` holds their stacked names (transformers'
+    in-memory layout)."""
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    params = dict(model.named_parameters())
+    return {
+        piece.tensor: params[piece.param][piece.index]
+        for piece in checkpoint_pieces(shapes, stored, merged_parts(model))
+    }
 
 
 def _weight_files(directory: Path) -> tuple[list[Path], dict[str, Path]]:

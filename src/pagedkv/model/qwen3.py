@@ -1,9 +1,12 @@
 """The Qwen3 (dense and MoE) decoder-only language model, run one
 :class:`~pagedkv.plan.StepPlan` at a time.
 
-The module tree mirrors the Hugging Face checkpoint so parameter names match its tensor names
-one to one (``model.layers.3.self_attn.q_proj.weight``, ``lm_head.weight``, ...). The model reads
-nothing but the plan and the step's attention: it keeps no per-sequence state between steps.
+The module tree mirrors the Hugging Face checkpoint, so parameter names match its tensor names
+(``model.layers.3.input_layernorm.weight``, ``lm_head.weight``, ...), except the merged
+projections: ``self_attn.qkv_proj`` (stored as ``q_proj``, ``k_proj``, ``v_proj``) and
+``mlp.gate_up_proj`` (``gate_proj``, ``up_proj``), which the loader fills part by part
+(:mod:`pagedkv.model.checkpoint_layout`). The model reads nothing but the plan and the step's
+attention: it keeps no per-sequence state between steps.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from torch import nn
 
 from pagedkv.model.attention import Qwen3Attention
 from pagedkv.model.config import ModelConfig
-from pagedkv.model.layers import RMSNorm, SwiGLUMLP
+from pagedkv.model.layers import Linear, RMSNorm, SwiGLUMLP
 from pagedkv.model.moe import Qwen3MoeSparseBlock
 from pagedkv.model.rope import RotaryEmbedding
 from pagedkv.model.step_attention import StepAttention
@@ -81,11 +84,14 @@ class Qwen3ForCausalLM(nn.Module):
         self.config = config
         self.model = Qwen3Model(config)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
-        self.lm_head: nn.Linear | None = (
+        self.lm_head: Linear | None = (
             None
             if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+        #: A repacked copy of the tied embedding table, as the LM head's weight
+        #: (:func:`pagedkv.model.packing.pack_linear_weights`); ``None`` otherwise.
+        self.packed_head: Linear | None = None
 
     if TYPE_CHECKING:  # nn.Module.__call__ is untyped; calling the model runs forward
 
@@ -108,5 +114,8 @@ class Qwen3ForCausalLM(nn.Module):
         for layer in self.model.layers:
             hidden = layer(hidden, cos, sin, attention)
         hidden = self.model.norm(hidden.index_select(0, plan.logits_indices))
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).to(torch.float32)
+        head = self.lm_head if self.lm_head is not None else self.packed_head
+        if head is not None:
+            logits: torch.Tensor = head(hidden)
+            return logits.to(torch.float32)
+        return F.linear(hidden, self.model.embed_tokens.weight).to(torch.float32)

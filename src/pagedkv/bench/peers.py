@@ -1,0 +1,228 @@
+"""pagedkv beside the engines a user would pick instead, on the Qwen3-0.6B shape (full mode).
+
+Rows, in float32 and bfloat16: batch-1 decode (decode tokens/s, prefill excluded) and batches
+of 8 and 32 requests submitted at once (output tokens/s over the wall time, prefill included).
+Every request has a 128-token prompt and generates exactly 64 tokens, greedy, EOS ignored.
+
+Systems: pagedkv v1; transformers ``generate`` on one static batch of all the requests (equal
+lengths: no padding, its best case); vLLM's CPU backend, run from its own virtualenv as a
+subprocess (:mod:`pagedkv.bench.vllm_peer`), skipped with the reason when it cannot run. All use
+the run's threads. Each system runs each row once after a warm-up; vLLM runs first (its own
+process, its own copy of the weights), then pagedkv and transformers with the rows interleaved.
+
+The batched float32 rows also report the fraction of the machine's GEMM peak (a float32 matrix
+product measured in the run) that pagedkv reached, counting ``2 x parameters`` operations per
+position computed, the embedding table only for the LM head of the positions sampled.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+from pagedkv.bench.checkpoints import QWEN3_0_6B, Checkpoint, qwen3_shaped_checkpoint
+from pagedkv.bench.context import BenchContext
+from pagedkv.bench.hf_systems import load_hf_model, run_generate_static
+from pagedkv.bench.limits import gemm_peak_flops
+from pagedkv.bench.pagedkv_system import PAGE_SIZE, load_runner, make_engine, run_engine
+from pagedkv.bench.requests import BenchRequest, uniform_requests
+from pagedkv.bench.results import WorkloadResult
+from pagedkv.bench.run import RunResult
+from pagedkv.bench.stats import ratio, rounded
+from pagedkv.bench.vllm_peer import PeerUnavailable, VllmRow, run_vllm
+from pagedkv.engine.runner import ModelRunner
+
+PROMPT_LEN = 128
+NEW_TOKENS = 64
+BATCH_SIZES = (8, 32)
+DTYPES = ("float32", "bfloat16")
+#: pagedkv over transformers static batching, batched float32 rows.
+HF_BATCH_TARGET = 1.5
+#: pagedkv over vLLM's CPU backend, every row.
+VLLM_TARGET = 1.0
+PAGEDKV, HF, VLLM = "pagedkv", "hf-generate", "vllm-cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of the table: a dtype and a batch size (1: the decode row)."""
+
+    dtype: str
+    batch: int
+
+    @property
+    def name(self) -> str:
+        short = "fp32" if self.dtype == "float32" else "bf16"
+        return f"{short}_decode" if self.batch == 1 else f"{short}_bs{self.batch}"
+
+    @property
+    def metric(self) -> str:
+        return "decode_tokens_per_s" if self.batch == 1 else "output_tokens_per_s"
+
+    def requests(self, vocab: int, seed: int) -> list[BenchRequest]:
+        return uniform_requests(self.batch, PROMPT_LEN, NEW_TOKENS, vocab, seed + self.batch)
+
+
+def rows() -> list[Row]:
+    """Every row, dtype by dtype."""
+    return [Row(d, b) for d in DTYPES for b in (1, *BATCH_SIZES)]
+
+
+def run(ctx: BenchContext) -> WorkloadResult:
+    """Every row on every system that runs here, then the ratios and targets."""
+    result = WorkloadResult("peers")
+    checkpoint = qwen3_shaped_checkpoint(ctx.cache_dir)
+    vocab = QWEN3_0_6B.vocab
+    figures: dict[str, dict[str, float | None]] = {r.name: {} for r in rows()}
+    for dtype in DTYPES:
+        dtype_rows = [r for r in rows() if r.dtype == dtype]
+        _vllm(ctx, result, checkpoint, dtype_rows, vocab, figures)
+        try:
+            _ours_and_hf(ctx, checkpoint, dtype, dtype_rows, vocab, figures)
+        except Exception as exc:  # recorded: one dtype failing must not lose the other
+            result.errors[dtype] = f"{type(exc).__name__}: {exc}"
+        gc.collect()
+    result.figures = {
+        "checkpoint": checkpoint.name,
+        "prompt_len": PROMPT_LEN,
+        "new_tokens": NEW_TOKENS,
+        "threads": ctx.threads,
+        "rows": figures,
+    }
+    if ctx.device == "cpu":
+        peak = gemm_peak_flops()
+        result.figures["gemm_peak_gflop_per_s"] = rounded(peak / 1e9, 1)
+        for batch in BATCH_SIZES:
+            row = Row("float32", batch)
+            achieved = _achieved_flops(row, figures[row.name].get(PAGEDKV))
+            result.add_ratio(
+                f"{row.name}_fraction_of_gemm_peak",
+                ratio(achieved, peak),
+                f"float32, {batch} requests: pagedkv's model FLOP/s (2 x parameters per "
+                "position computed) over a float32 GEMM's measured FLOP/s",
+            )
+    _ratios(result, figures)
+    return result
+
+
+def _vllm(
+    ctx: BenchContext,
+    result: WorkloadResult,
+    checkpoint: Checkpoint,
+    dtype_rows: list[Row],
+    vocab: int,
+    figures: dict[str, dict[str, float | None]],
+) -> None:
+    if ctx.device != "cpu":
+        result.notes.append("vLLM CPU: not run with --device cuda (it is a CPU backend)")
+        return
+    ctx.log(f"peers: {dtype_rows[0].dtype}: vLLM CPU backend (subprocess)")
+    jobs = [
+        VllmRow(
+            r.name,
+            "decode" if r.batch == 1 else "batch",
+            tuple((q.prompt, q.max_tokens) for q in r.requests(vocab, ctx.seed)),
+        )
+        for r in dtype_rows
+    ]
+    itemsize = 4 if dtype_rows[0].dtype == "float32" else 2
+    shape = QWEN3_0_6B
+    per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * itemsize
+    kv_bytes = per_position * max(BATCH_SIZES) * (PROMPT_LEN + NEW_TOKENS)
+    try:
+        answer = run_vllm(
+            checkpoint.path,
+            dtype_rows[0].dtype,
+            jobs,
+            threads=ctx.threads,
+            max_model_len=PROMPT_LEN + NEW_TOKENS + PAGE_SIZE,
+            kv_cache_gib=max(1, -(-2 * kv_bytes // 2**30)),  # twice what the rows hold
+        )
+    except PeerUnavailable as exc:
+        result.notes.append(f"vLLM CPU ({dtype_rows[0].dtype}) not measured: {exc}")
+        return
+    result.figures.setdefault("vllm_version", answer.get("vllm"))
+    for row in dtype_rows:
+        figures[row.name][VLLM] = rounded(answer["rows"][row.name][row.metric], 3)
+
+
+def _ours_and_hf(
+    ctx: BenchContext,
+    checkpoint: Checkpoint,
+    dtype: str,
+    dtype_rows: list[Row],
+    vocab: int,
+    figures: dict[str, dict[str, float | None]],
+) -> None:
+    ctx.log(f"peers: {dtype}: loading pagedkv and transformers")
+    per_seq = -(-(PROMPT_LEN + NEW_TOKENS) // PAGE_SIZE)
+    num_pages = max(BATCH_SIZES) * per_seq + 16
+    runner = load_runner(checkpoint, num_pages, dtype=dtype, device=ctx.device)
+    hf_model = load_hf_model(checkpoint, dtype, ctx.device)
+    warm = [BenchRequest(tuple(range(1, 9)), 3)]
+    run_engine(make_engine(runner, "v1", num_pages), warm, "warm-up")
+    run_generate_static(hf_model, warm, batch_size=1)
+    for index, row in enumerate(dtype_rows):
+        requests = row.requests(vocab, ctx.seed)
+        order = (PAGEDKV, HF) if index % 2 == 0 else (HF, PAGEDKV)
+        for system in order:
+            ctx.log(f"peers: {row.name}: {system}")
+            run = _measure(system, runner, hf_model, num_pages, requests)
+            value = run.decode_tokens_per_s if row.batch == 1 else run.tokens_per_s
+            figures[row.name][system] = rounded(value, 3)
+    del runner, hf_model
+
+
+def _measure(
+    system: str,
+    runner: ModelRunner,
+    hf_model: object,
+    num_pages: int,
+    requests: list[BenchRequest],
+) -> RunResult:
+    if system == PAGEDKV:
+        return run_engine(make_engine(runner, "v1", num_pages), requests, system)
+    return run_generate_static(hf_model, requests, batch_size=len(requests))
+
+
+def _achieved_flops(row: Row, tokens_per_s: float | None) -> float:
+    """Model FLOP/s of a batched row: its operations over its wall time."""
+    if tokens_per_s is None:
+        return float("nan")
+    shape = QWEN3_0_6B
+    hidden, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * shape.intermediate
+    positions = row.batch * (PROMPT_LEN + NEW_TOKENS - 1)
+    sampled = row.batch * NEW_TOKENS
+    flops = 2 * (positions * shape.layers * per_layer + sampled * hidden * shape.vocab)
+    wall = row.batch * NEW_TOKENS / tokens_per_s
+    return flops / wall
+
+
+def _ratios(result: WorkloadResult, figures: dict[str, dict[str, float | None]]) -> None:
+    for row in rows():
+        values = figures[row.name]
+        ours = values.get(PAGEDKV)
+        for peer, label in ((HF, "hf_generate"), (VLLM, "vllm_cpu")):
+            theirs = values.get(peer)
+            value = ratio(ours, theirs) if ours is not None and theirs is not None else None
+            what = "decode tokens/s" if row.batch == 1 else "output tokens/s (wall, prefill in)"
+            result.add_ratio(
+                f"{row.name}_pagedkv_vs_{label}",
+                value if value is not None else float("nan"),
+                f"{row.dtype}, {row.batch} request(s): {what} of pagedkv over {peer}",
+            )
+        if row.dtype == "float32" and row.batch > 1:
+            result.add_target(
+                f"{row.name}_pagedkv_vs_hf_generate",
+                ">=",
+                HF_BATCH_TARGET,
+                f"float32, {row.batch} requests: pagedkv >= {HF_BATCH_TARGET}x transformers "
+                "static batching",
+            )
+        result.add_target(
+            f"{row.name}_pagedkv_vs_vllm_cpu",
+            ">=",
+            VLLM_TARGET,
+            f"{row.name.replace('_', ' ')}: pagedkv >= {VLLM_TARGET:.1f}x vLLM CPU backend",
+        )

@@ -1,0 +1,249 @@
+"""Decode steps of fixed shapes: replayed from CUDA graphs, or compiled once per shape.
+
+A decode step (every sequence computes one token) is run on buffers of a fixed size: ``Bp``
+rows, the batch size rounded up to a power of two, and a gather ``Wp`` positions wide, the
+longest context rounded up to a power of two (at least :data:`MIN_WIDTH`). Each ``(Bp, Wp)``
+has its own buffers and its own runner of the step:
+
+* on CUDA, a CUDA graph captured on first use and replayed after (one launch per step, no
+  Python per layer, no host synchronisation inside);
+* elsewhere, the step run eagerly or, with ``compile``, a ``torch.compile`` of it (inductor),
+  compiled on first use of the shape.
+
+Padding rows repeat row 0: the same token at the same position over the same context, so they
+compute row 0's K/V (to the last bit or nearly: a kernel may round rows of different tiles
+differently) and write it to row 0's slot; row 0's own K/V is then written again, alone, so the
+slot ends up holding exactly row 0's values whatever order the first writes land in. Padding
+rows' logits are dropped. Gather positions past a sequence's
+context re-read its position 0 and are masked, as in :mod:`pagedkv.kv.ragged_attention`.
+
+Before a step runs, the runner has already checked its plan against the store
+(``PagedStore.prepare``): this module trusts the plan's ranges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pagedkv.errors import InvalidRequest
+from pagedkv.interfaces import AttentionBatch
+from pagedkv.kv.paged_store import PagedAttentionMetadata, TorchPagedStore
+from pagedkv.kv.ragged_attention import AttentionGroup, AttentionLayout
+from pagedkv.model.qwen3 import Qwen3ForCausalLM
+from pagedkv.plan import StepPlan
+
+#: Narrowest gather of a static decode step, positions.
+MIN_WIDTH = 64
+
+
+def bucket(n: int, least: int = 1) -> int:
+    """``n`` rounded up to a power of two, at least ``least``."""
+    size = least
+    while size < n:
+        size *= 2
+    return size
+
+
+@dataclass(frozen=True, slots=True)
+class _Buffers:
+    """The fixed tensors of one ``(Bp, Wp)`` shape; every step copies its plan into them."""
+
+    input_ids: torch.Tensor  # [Bp]
+    positions: torch.Tensor  # [Bp]
+    slots: torch.Tensor  # [Bp]
+    context_lens: torch.Tensor  # [Bp]
+    page_tables: torch.Tensor  # [Bp, ceil(Wp / page_size)]
+    rows: torch.Tensor  # [Bp] = arange(Bp)
+    kv_index: torch.Tensor  # [Bp, Wp]
+    mask: torch.Tensor  # [Bp, 1, 1, Wp]
+    logits: torch.Tensor  # [Bp, vocab] float32
+
+    @classmethod
+    def allocate(
+        cls, rows: int, width: int, page_size: int, vocab: int, device: torch.device
+    ) -> _Buffers:
+        def ints(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.int64, device=device)
+
+        return cls(
+            input_ids=ints(rows),
+            positions=ints(rows),
+            slots=ints(rows),
+            context_lens=ints(rows),
+            page_tables=ints(rows, -(-width // page_size)),
+            rows=torch.arange(rows, device=device),
+            kv_index=ints(rows, width),
+            mask=torch.zeros(rows, 1, 1, width, dtype=torch.bool, device=device),
+            logits=torch.zeros(rows, vocab, dtype=torch.float32, device=device),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _PaddedStepAttention:
+    """The step attention of a padded batch: every row's K/V written, then row 0's again."""
+
+    store: TorchPagedStore
+    metadata: PagedAttentionMetadata
+    slots: torch.Tensor
+
+    def __call__(
+        self,
+        layer: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        self.store.write(layer, self.slots, key, value)
+        self.store.write(layer, self.slots[:1], key[:1], value[:1])  # row 0's own values last
+        return self.store.attention(layer, query, self.metadata, scale)
+
+
+class StaticDecode:
+    """Runs decode-only plans on fixed shapes (see the module docstring).
+
+    Args:
+        model: the model.
+        store: its K/V pool (the reference store: the step reads its pools directly).
+        max_batch: the largest batch run this way; larger ones run the ordinary path.
+        max_width: the longest context run this way.
+        cuda_graphs: capture and replay CUDA graphs (the model must be on a CUDA device).
+        compile: run each shape's step through ``torch.compile`` (ignored with CUDA graphs).
+    """
+
+    def __init__(
+        self,
+        model: Qwen3ForCausalLM,
+        store: TorchPagedStore,
+        *,
+        max_batch: int,
+        max_width: int,
+        cuda_graphs: bool,
+        compile: bool,
+    ) -> None:
+        self.model = model
+        self.store = store
+        self.max_batch = max_batch
+        self.max_width = max_width
+        self.cuda_graphs = cuda_graphs
+        self.compile = compile and not cuda_graphs
+        self._steps: dict[tuple[int, int], tuple[_Buffers, Callable[[], None]]] = {}
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """The ``(Bp, Wp)`` shapes prepared so far."""
+        return sorted(self._steps)
+
+    def fits(self, plan: StepPlan, metadata: PagedAttentionMetadata) -> bool:
+        """Whether ``plan`` is a decode step this object runs: one row per sequence, the last
+        row's logits of each, at most ``max_batch`` sequences and ``max_width`` context."""
+        rows, seqs = plan.num_tokens, plan.num_seqs
+        if rows != seqs or not 1 <= seqs <= self.max_batch:
+            return False
+        return max(g.width for g in metadata.layout.groups) <= self.max_width
+
+    def run(self, plan: StepPlan, metadata: PagedAttentionMetadata) -> torch.Tensor:
+        """Logits ``[B, vocab]`` (float32, on the model's device) of a plan that :meth:`fits`."""
+        seqs = plan.num_seqs
+        width = max(g.width for g in metadata.layout.groups)
+        key = (bucket(seqs), bucket(width, MIN_WIDTH))
+        if key in self._steps:
+            buffers, step = self._steps[key]
+            self._fill(buffers, plan)
+        else:
+            # Filled before the step is built: a CUDA graph's warm-up runs the step for real,
+            # and on this plan's buffers they write only this plan's slots, with the values the
+            # step writes again below. On empty buffers they would write slot 0 of the pool,
+            # which may hold another sequence's K/V.
+            buffers = self._allocate(*key)
+            self._fill(buffers, plan)
+            step = self._build(buffers)
+            self._steps[key] = (buffers, step)
+        step()
+        return buffers.logits[:seqs]
+
+    def _fill(self, buffers: _Buffers, plan: StepPlan) -> None:
+        """Copy the plan into the buffers, padding rows repeating row 0 (no host sync)."""
+        batch = plan.attention
+        if batch.page_tables is None or batch.slot_mapping is None:
+            raise InvalidRequest("a static decode step needs a v1 plan (page tables and slots)")
+        seqs = plan.num_seqs
+        source = torch.where(buffers.rows < seqs, buffers.rows, 0)  # padding -> row 0
+        buffers.input_ids.copy_(plan.input_ids.index_select(0, source))
+        buffers.positions.copy_(plan.positions.index_select(0, source))
+        buffers.slots.copy_(batch.slot_mapping.index_select(0, source))
+        page_size = self.store.config.page_size
+        tables = batch.page_tables.to(torch.int64).index_select(0, source)
+        pages = torch.arange(buffers.page_tables.shape[1], device=tables.device)
+        buffers.page_tables.copy_(tables[:, torch.clamp(pages, max=tables.shape[1] - 1)])
+        buffers.context_lens.copy_(batch.context_lens.index_select(0, source))
+        positions = torch.arange(buffers.kv_index.shape[1], device=tables.device)
+        slots = buffers.page_tables[:, positions // page_size] * page_size + positions % page_size
+        inside = positions[None, :] < buffers.context_lens[:, None]
+        buffers.kv_index.copy_(torch.where(inside, slots, slots[:, :1]))
+        buffers.mask.copy_(inside[:, None, None, :])
+
+    def _allocate(self, rows: int, width: int) -> _Buffers:
+        device = self.store.key_pool(0).device
+        page_size = self.store.config.page_size
+        return _Buffers.allocate(rows, width, page_size, self.model.config.vocab_size, device)
+
+    def _build(self, buffers: _Buffers) -> Callable[[], None]:
+        """The step over ``buffers`` (already holding a plan: see :meth:`run`)."""
+        rows, width = buffers.kv_index.shape
+        device = buffers.kv_index.device
+        group = AttentionGroup(
+            num_seqs=rows,
+            q_len=1,
+            width=width,
+            rows=buffers.rows,
+            span=(0, rows),
+            kv_index=buffers.kv_index,
+            mask=buffers.mask,
+            is_causal=False,
+        )
+        metadata = PagedAttentionMetadata(
+            num_slots=self.store.num_slots, layout=AttentionLayout(rows, (group,))
+        )
+        attention = _PaddedStepAttention(self.store, metadata, buffers.slots)
+        plan = StepPlan(
+            input_ids=buffers.input_ids,
+            positions=buffers.positions,
+            attention=AttentionBatch(
+                query_start=torch.arange(rows + 1, device=device),
+                context_lens=buffers.context_lens,
+                page_tables=buffers.page_tables,
+                slot_mapping=buffers.slots,
+            ),
+            logits_indices=buffers.rows,
+        )
+
+        def step() -> None:
+            buffers.logits.copy_(self.model(plan, attention))
+
+        if self.cuda_graphs:
+            return _captured(step, device)
+        if self.compile:
+            return torch.compile(step, dynamic=False)
+        return step
+
+
+def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """``step`` captured as a CUDA graph (after warm-up runs on a side stream): replaying it
+    reruns its kernels on the buffers it captured.
+
+    Precondition: the buffers hold the plan about to run; the warm-up runs write its K/V.
+    """
+    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up: lazy initialisation outside the capture
+            step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay

@@ -1,0 +1,61 @@
+"""The benchmark's machine limits, its thread default, the CUDA run and the vLLM peer's
+refusals, without running a workload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagedkv.bench import cli, limits, vllm_peer
+from pagedkv.bench.machine import physical_cores, usable_cores
+from pagedkv.bench.peers import Row, rows
+
+
+def test_the_read_bound_is_the_best_of_three_float32_kernels() -> None:
+    bandwidth = limits.read_bandwidth(side=512, repeats=1)
+    assert set(bandwidth.kernels) == {"fp32_gemv", "sum", "copy"}
+    assert bandwidth.tensor_bytes == 512 * 512 * 4
+    assert bandwidth.best == max(bandwidth.kernels.values()) > 0
+    assert bandwidth.kernels[bandwidth.best_kernel] == bandwidth.best
+
+
+def test_gemm_peak_counts_two_operations_per_multiply_add() -> None:
+    assert limits.gemm_peak_flops(side=64, repeats=1) > 0
+    assert limits.gemm_peak_flops(torch.bfloat16, side=64, repeats=1) > 0
+
+
+def test_threads_default_to_the_physical_cores() -> None:
+    args = cli.build_parser().parse_args([])
+    assert args.threads is None  # resolved to physical_cores() by the run
+    assert 1 <= physical_cores() <= usable_cores()
+
+
+def test_cuda_is_skipped_with_a_reason_without_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the CUDA run would run")
+    assert cli.main(["--device", "cuda", "--out", "unused"]) == 0
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_vllm_without_its_interpreter_is_unavailable_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(vllm_peer.PYTHON_ENV, str(tmp_path / "no-python"))
+    row = vllm_peer.VllmRow("fp32_bs8", "batch", (((1, 2, 3), 4),))
+    with pytest.raises(vllm_peer.PeerUnavailable, match="make vllm-install"):
+        vllm_peer.run_vllm(tmp_path, "float32", [row], threads=1, max_model_len=64, kv_cache_gib=1)
+
+
+def test_the_peer_table_has_the_issue_rows() -> None:
+    assert [r.name for r in rows()] == [
+        "fp32_decode",
+        "fp32_bs8",
+        "fp32_bs32",
+        "bf16_decode",
+        "bf16_bs8",
+        "bf16_bs32",
+    ]
+    assert Row("float32", 1).metric == "decode_tokens_per_s"
+    assert Row("bfloat16", 8).metric == "output_tokens_per_s"

@@ -1,0 +1,184 @@
+"""Runner options change speed, never tokens: merged projections, packed weights, the
+fixed-shape decode path (CUDA graphs on a GPU, torch.compile on CPU) and their refusals.
+
+The fixed-shape path is exercised on the CPU by running it eagerly (no capture, no compile):
+the buffers, the padding by row 0 and the gather are the code a CUDA graph captures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagedkv.backend import ReferenceBackend
+from pagedkv.engine import static_decode
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.llm import run_to_completion
+from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.runner import ModelRunner
+from pagedkv.engine.runner_options import RunnerOptions
+from pagedkv.engine.static_decode import MIN_WIDTH, StaticDecode, bucket
+from pagedkv.errors import InvalidRequest
+from pagedkv.kv.paged_store import TorchPagedStore
+from pagedkv.model.layers import Linear
+from pagedkv.model.loader import load_model
+from pagedkv.model.packing import pack_linear_weights, packing_supported, weight_nbytes
+from pagedkv.model.step_attention import PagedStepAttention
+from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint, one_torch_thread
+
+PAGE = 5
+PAGES = 96
+#: Prompts whose decode batches are 4, then 3 (padded to 4) and 1, crossing gather widths 64
+#: and 128, with a 1-token prompt and one on a page boundary.
+PROMPTS = [[3, 1, 4, 1, 5], [7] * 23, [9], list(range(60))]
+PARAMS = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_checkpoint(PRESETS["tied-gqa2"], tmp_path_factory.mktemp("tied"))
+
+
+def paged_runner(
+    path: Path, options: RunnerOptions | None = None, dtype: str = "float32", device: str = "cpu"
+) -> ModelRunner:
+    return ModelRunner.from_model_dir(
+        path, num_pages=PAGES, page_size=PAGE, dtype=dtype, device=device, options=options
+    )
+
+
+def static_runner(path: Path) -> tuple[ModelRunner, StaticDecode]:
+    """A runner whose decode steps take the fixed-shape path, run eagerly."""
+    model = load_model(path)
+    runner = paged_runner(path)
+    store = runner_store(runner)
+    static = StaticDecode(
+        model, store, max_batch=8, max_width=512, cuda_graphs=False, compile=False
+    )
+    return ModelRunner(model, runner._prepare, store, static_decode=static), static
+
+
+def runner_store(runner: ModelRunner) -> TorchPagedStore:
+    store = runner._prepare.args[0]  # type: ignore[attr-defined]
+    assert isinstance(store, TorchPagedStore)
+    return store
+
+
+def generate(runner: ModelRunner) -> list[list[int]]:
+    engine = ReferenceBackend().create_engine(runner, EngineConfig(page_size=PAGE, num_pages=PAGES))
+    return [list(o.token_ids) for o in run_to_completion(engine, PROMPTS, PARAMS)]
+
+
+@pytest.mark.spec("ENG-110", "ENG-112")
+def test_fixed_shape_decode_gives_the_ordinary_tokens_and_cache(checkpoint: Path) -> None:
+    """Padded batches and gathers change nothing: same tokens, and the K/V of every slot as
+    the ordinary path writes it (to rounding: a batch of 4 rows rounds unlike one of 3)."""
+    ordinary = paged_runner(checkpoint)
+    runner, static = static_runner(checkpoint)
+    assert generate(runner) == generate(ordinary)
+    assert static.shapes == [(4, MIN_WIDTH), (4, 2 * MIN_WIDTH)]
+    # The pools of both runners hold the same K/V at every slot the requests wrote.
+    ours, theirs = runner_store(runner), runner_store(ordinary)
+    for layer in range(ours.config.num_layers):
+        torch.testing.assert_close(ours.key_pool(layer), theirs.key_pool(layer))
+        torch.testing.assert_close(ours.value_pool(layer), theirs.value_pool(layer))
+
+
+@pytest.mark.spec("ENG-112", "ENG-113")
+def test_a_capture_warm_up_writes_only_the_plans_own_slots(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA graph is captured after warm-up runs of the step, for real, on its buffers. Run
+    here by a stand-in capture that does the same on the CPU: the warm-ups of each new shape
+    must write no slot but the plan's, so the tokens stay the ordinary path's."""
+    warm_ups: list[int] = []
+
+    def captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+        for _ in range(2):
+            step()
+            warm_ups.append(1)
+        return step
+
+    monkeypatch.setattr(static_decode, "_captured", captured)
+    model = load_model(checkpoint)
+    store = runner_store(paged_runner(checkpoint))
+    static = StaticDecode(model, store, max_batch=8, max_width=512, cuda_graphs=True, compile=False)
+    runner = ModelRunner(
+        model, partial(PagedStepAttention.prepare, store), store, static_decode=static
+    )
+    assert generate(runner) == generate(paged_runner(checkpoint))
+    assert len(warm_ups) == 2 * len(static.shapes) > 0
+
+
+def test_bucket_rounds_up_to_powers_of_two() -> None:
+    assert [bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
+    assert bucket(3, MIN_WIDTH) == MIN_WIDTH
+    assert bucket(65, MIN_WIDTH) == 128
+
+
+@pytest.mark.spec("ENG-111")
+def test_options_a_runner_cannot_honour_are_refused(checkpoint: Path) -> None:
+    with pytest.raises(InvalidRequest, match="cuda_graphs needs a model on a CUDA device"):
+        paged_runner(checkpoint, RunnerOptions(cuda_graphs=True))
+    with pytest.raises(InvalidRequest, match="v1"):
+        ModelRunner.from_model_dir(
+            checkpoint, num_pages=None, page_size=PAGE, options=RunnerOptions(compile=True)
+        )
+
+
+@pytest.mark.spec("ENG-110")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_packing_touches_only_what_it_speeds_up(checkpoint: Path, dtype: str) -> None:
+    """float32 is never repacked; bfloat16 is where oneDNN has bfloat16 kernels, keeping one
+    copy of each weight, the byte count unchanged, and the logits those of the plain model."""
+    model = load_model(checkpoint, dtype=dtype)
+    plain = load_model(checkpoint, dtype=dtype)
+    before = weight_nbytes(model)
+    packed = pack_linear_weights(model)
+    assert weight_nbytes(model) == before
+    if not packing_supported(getattr(torch, dtype), torch.device("cpu")):
+        assert packed == 0
+        return
+    assert model.packed_head is not None  # the tied head's own packed copy
+    linears = [m for m in model.modules() if isinstance(m, Linear) and m is not model.packed_head]
+    assert packed == len(linears)
+    assert all(m.weight is None for m in linears)
+    for ours, theirs in zip(
+        linears, [m for m in plain.modules() if isinstance(m, Linear)], strict=True
+    ):
+        x = torch.randn(3, ours.in_features).to(getattr(torch, dtype))
+        torch.testing.assert_close(ours(x), theirs(x), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.spec("ENG-110")
+def test_packed_bfloat16_generates_the_plain_tokens(tmp_path: Path) -> None:
+    """Greedy bfloat16 tokens with and without packing (tolerance of GLD-016: the margins of
+    these prompts are far above one bfloat16 step, so the tokens are equal)."""
+    path = build_tiny_checkpoint(PRESETS["untied-gqa4-wide"], tmp_path / "bf16", dtype="bfloat16")
+
+    def run(pack: bool) -> list[list[int]]:
+        return generate(paged_runner(path, RunnerOptions(pack_weights=pack), dtype="bfloat16"))
+
+    assert run(True) == run(False)
+
+
+@pytest.mark.spec("ENG-113")
+def test_cuda_graph_decode_gives_the_eager_tokens(checkpoint: Path) -> None:
+    """On CUDA: decode steps replayed from captured graphs give the eager path's tokens."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available on this machine")
+
+    def run(graphs: bool) -> list[list[int]]:
+        return generate(paged_runner(checkpoint, RunnerOptions(cuda_graphs=graphs), device="cuda"))
+
+    assert run(True) == run(False)
