@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pagedkv.backend import ReferenceBackend
 from pagedkv.interfaces import KVManager, KVManagerConfig, PagedStore, StoreConfig
@@ -20,6 +20,7 @@ from pagedkv.kv.manager import ReferenceKVManager
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
     from pagedkv.engine.engine import LLMEngine
+    from pagedkv.engine.generation_config import GenerationDefaults
     from pagedkv.engine.tokenizer import Tokenizer
     from pagedkv.interfaces import Engine, StepRunner
 
@@ -60,13 +61,28 @@ class MutantBackend:
         dtype: str = "float32",
         device: str = "cpu",
     ) -> StepRunner:
-        runner: Any = ReferenceBackend().create_model_runner(
-            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
+        """The reference runner, over this backend's own (possibly broken) store."""
+        if self.store is None or num_pages is None:
+            return ReferenceBackend().create_model_runner(
+                model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
+            )
+        from pagedkv.engine.runner import ModelRunner
+        from pagedkv.model.loader import load_model
+
+        model = load_model(model_dir, dtype=dtype, device=device)
+        cfg = model.config
+        store = self.create_paged_store(
+            StoreConfig(
+                num_layers=cfg.num_hidden_layers,
+                num_kv_heads=cfg.num_key_value_heads,
+                head_dim=cfg.head_dim,
+                page_size=page_size,
+                num_pages=num_pages,
+                dtype=dtype,
+                device=device,
+            )
         )
-        if self.store is not None and runner.store is not None:
-            runner.store = self.store(runner.store)  # the reference ModelRunner's own store
-        wrapped: StepRunner = runner
-        return wrapped
+        return ModelRunner.paged(model, store)
 
     def create_engine(
         self,
@@ -75,15 +91,25 @@ class MutantBackend:
         *,
         tokenizer: Tokenizer | None = None,
         eos_ids: frozenset[int] = frozenset(),
+        generation_defaults: GenerationDefaults | None = None,
     ) -> Engine:
         from pagedkv.engine.engine import LLMEngine
 
         if self.runner is not None:
             runner = self.runner(runner)
-        kv = self.create_kv_manager(
-            KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
+        kv = None
+        if config.mode == "v1":
+            kv = self.create_kv_manager(
+                KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
+            )
+        engine = LLMEngine(
+            runner,
+            config,
+            kv_manager=kv,
+            tokenizer=tokenizer,
+            eos_ids=eos_ids,
+            generation_defaults=generation_defaults,
         )
-        engine = LLMEngine(runner, config, kv_manager=kv, tokenizer=tokenizer, eos_ids=eos_ids)
         if self.adjust is not None:
             self.adjust(engine)
         return self.engine(engine) if self.engine is not None else engine

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import torch
 
-from pagedkv.engine.outputs import EngineStats, RequestOutput
+from pagedkv.engine.generation_config import GenerationDefaults
+from pagedkv.engine.outputs import EngineStats, RequestOutput, StepReport
 from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.prompts import PromptType
+from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.interfaces import Engine
 from pagedkv.plan import StepPlan
 from pagedkv.testing.delegating_runner import DelegatingRunner
@@ -52,12 +55,27 @@ class NoPositionLimit(DelegatingRunner):
 
 
 class _EngineWrapper:
+    """Satisfies the Engine Protocol by delegating to the reference engine; subclasses change
+    the requests going in or the outputs coming out."""
+
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
 
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self.inner.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.inner.max_model_len
+
+    @property
+    def generation_defaults(self) -> GenerationDefaults:
+        return self.inner.generation_defaults
+
     def add_request(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         request_id: str | None = None,
@@ -84,7 +102,7 @@ class _EngineWrapper:
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         *,
         cache_salt: str | None = None,
@@ -94,6 +112,12 @@ class _EngineWrapper:
 
     def stats(self) -> EngineStats:
         return self.inner.stats()
+
+    def add_step_observer(self, observer: Callable[[StepReport], None]) -> None:
+        self.inner.add_step_observer(observer)
+
+    def remove_step_observer(self, observer: Callable[[StepReport], None]) -> None:
+        self.inner.remove_step_observer(observer)
 
     def check_invariants(self) -> None:
         self.inner.check_invariants()
@@ -112,7 +136,8 @@ class NewTextIsWholeText(_EngineWrapper):
     does not add up to the text (class 4, ENG-013)."""
 
     def output(self, output: RequestOutput) -> RequestOutput:
-        return dataclasses.replace(output, new_text=output.text)
+        outputs = tuple(dataclasses.replace(c, new_text=c.text) for c in output.outputs)
+        return dataclasses.replace(output, outputs=outputs)
 
 
 # -- adjustments of the reference engine's internals ---------------------------------------------
@@ -120,13 +145,15 @@ class NewTextIsWholeText(_EngineWrapper):
 
 def preempted_requests_queue_last(engine: Any) -> None:
     """(engine-e) a preempted request goes to the back of the waiting queue, behind requests
-    that arrived after it (class 5, ENG-030). Replaces the reference scheduler's
+    that arrived after it (class 5, ENG-030). Replaces the reference paged scheduler's
     ``_preempt``, whose last act is to put the request back at the head of ``waiting``."""
     scheduler = engine.scheduler
+    if not hasattr(scheduler, "_preempt"):
+        return  # a v0 (recompute) engine never preempts
     original = scheduler._preempt
 
-    def preempt(kv: Any, request: Any) -> None:
-        original(kv, request)
+    def preempt(request: Any) -> None:
+        original(request)
         scheduler.waiting.remove(request)
         scheduler.waiting.append(request)
 
@@ -140,9 +167,9 @@ def _filter(
     top_k_cut: int = 0,
     top_p_strict: bool = False,
 ) -> torch.Tensor:
-    """The sampler's filter with two classic slips: top-k keeping ``top_k - top_k_cut``
-    tokens, and top-p keeping only tokens whose cumulative mass, themselves included, stays
-    within ``top_p`` (so it stops short of reaching it)."""
+    """One row of the sampler's filter with two classic slips: top-k keeping
+    ``top_k - top_k_cut`` tokens, and top-p keeping only tokens whose cumulative mass,
+    themselves included, stays within ``top_p`` (so it stops short of reaching it)."""
     scaled = logits / params.temperature
     if params.top_k > 0:
         keep = max(1, params.top_k - top_k_cut)
@@ -162,28 +189,39 @@ def _filter(
     return probs / probs.sum()
 
 
-def _patch_filter(**slip: Any) -> None:
-    """Replace ``pagedkv.engine.sampler.filtered_probs`` (which ``sample`` calls) in this
-    process: a mutant runs in a process of its own."""
+def _patch_filter(engine: Any, **slip: Any) -> None:
+    """Make this engine's sampling use the slipped filter: its ``_sample_rows`` runs with
+    ``pagedkv.engine.sampler.filtered_probs_batch`` (which ``sample_rows`` calls) swapped
+    for the duration of the call, so no other engine of the process is touched."""
     import pagedkv.engine.sampler as sampler
 
-    def filtered(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        return _filter(logits, params, **slip)
+    def slipped(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+        return torch.stack([_filter(row, p, **slip) for row, p in zip(logits, params, strict=True)])
 
-    sampler.filtered_probs = filtered
+    original = engine._sample_rows
+
+    def sample_rows(logits: torch.Tensor, rows: Any) -> Any:
+        saved = sampler.filtered_probs_batch
+        sampler.filtered_probs_batch = slipped
+        try:
+            return original(logits, rows)
+        finally:
+            sampler.filtered_probs_batch = saved
+
+    engine._sample_rows = sample_rows
 
 
 def top_k_keeps_one_less(engine: Any) -> None:
     """(sampler-a) top-k keeps k-1 tokens: too few (class 6, ENG-040)."""
-    _patch_filter(top_k_cut=1)
+    _patch_filter(engine, top_k_cut=1)
 
 
 def top_p_stops_short(engine: Any) -> None:
     """(sampler-b) top-p keeps the tokens strictly inside the mass, never the one that reaches
     it: too few (class 6, ENG-040)."""
-    _patch_filter(top_p_strict=True)
+    _patch_filter(engine, top_p_strict=True)
 
 
 def top_k_keeps_one_more(engine: Any) -> None:
     """(sampler-c) top-k keeps k+1 tokens: too many (ENG-040)."""
-    _patch_filter(top_k_cut=-1)
+    _patch_filter(engine, top_k_cut=-1)

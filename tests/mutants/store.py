@@ -2,18 +2,31 @@
 
 Each wrapper satisfies the PagedStore Protocol and delegates to the reference store; the bugs in
 attention are written over the Protocol's ``read`` (gathering K/V slot by slot), so they do not
-depend on the reference's internals. Every one gives right answers on the cases the first suite
-had: fresh pools, ascending page tables, whole-context prefills and decode rows.
+depend on the reference's internals. A wrapper's ``prepare`` returns its own metadata: the
+batch it was prepared from beside the reference's metadata (the reference checks the batch
+there, as the Protocol asks). Every one gives right answers on the cases the first suite had:
+fresh pools, ascending page tables, whole-context prefills and decode rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from dataclasses import dataclass
 
 import torch
 
-from pagedkv.interfaces import AttentionBatch, PagedStore, StoreConfig
+from pagedkv.interfaces import AttentionBatch, AttentionMetadata, PagedStore, StoreConfig
+
+
+@dataclass(frozen=True, slots=True)
+class WrappedMetadata:
+    """A wrapper's metadata: the batch as the wrapper will read it, and what the reference
+    store prepared from it."""
+
+    batch: AttentionBatch
+    inner: AttentionMetadata
 
 
 class _Wrapper:
@@ -34,15 +47,28 @@ class _Wrapper:
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.inner.read(layer, slots)
 
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self.inner.copy_pages(src, dst)
+
+    def batch_read(self, batch: AttentionBatch) -> AttentionBatch:
+        """The batch as this store reads it (the reference's own, unless the bug is there)."""
+        return batch
+
+    def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
+        read = self.batch_read(batch)
+        return WrappedMetadata(read, self.inner.prepare(read))
+
     def attention(
-        self, layer: int, query: torch.Tensor, batch: AttentionBatch, scale: float
+        self, layer: int, query: torch.Tensor, metadata: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        return self.inner.attention(layer, query, batch, scale)
+        assert isinstance(metadata, WrappedMetadata), "metadata of another store"
+        return self.inner.attention(layer, query, metadata.inner, scale)
 
 
 class _OwnAttention(_Wrapper):
     """Attention over ``read``: per sequence, gather the positions :meth:`visible` names and
-    apply its mask. Validation is the reference's (it runs first, its result discarded)."""
+    apply its mask. Validation is the reference's (``prepare`` and the layer's checks run
+    first, their result discarded)."""
 
     def visible(self, q_len: int, ctx: int, width: int) -> tuple[int, torch.Tensor]:
         """``(n, mask)``: gather positions ``0..n-1``; ``mask[j, p]`` lets row ``j`` see ``p``."""
@@ -50,9 +76,11 @@ class _OwnAttention(_Wrapper):
         return ctx, torch.arange(ctx)[None, :] <= rows
 
     def attention(
-        self, layer: int, query: torch.Tensor, batch: AttentionBatch, scale: float
+        self, layer: int, query: torch.Tensor, metadata: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        self.inner.attention(layer, query, batch, scale)  # raises on a bad batch
+        super().attention(layer, query, metadata, scale)  # raises on a bad layer or query
+        assert isinstance(metadata, WrappedMetadata)
+        batch = metadata.batch
         assert batch.page_tables is not None
         page_size = self.config.page_size
         out = torch.empty_like(query)
@@ -81,17 +109,15 @@ class AscendingPages(_Wrapper):
     """(store-a) reads each sequence's pages in ascending page order, not page-table order:
     right whenever a pool hands out pages in order (class 2, PST-014)."""
 
-    def attention(
-        self, layer: int, query: torch.Tensor, batch: AttentionBatch, scale: float
-    ) -> torch.Tensor:
-        assert batch.page_tables is not None
+    def batch_read(self, batch: AttentionBatch) -> AttentionBatch:
+        if batch.page_tables is None:
+            return batch  # the reference refuses it
         tables = batch.page_tables.clone()
         page_size = self.config.page_size
         for b, ctx in enumerate(batch.context_lens.tolist()):
             used = -(-ctx // page_size)
             tables[b, :used] = torch.sort(tables[b, :used]).values
-        sorted_batch = AttentionBatch(batch.query_start, batch.context_lens, tables)
-        return self.inner.attention(layer, query, sorted_batch, scale)
+        return dataclasses.replace(batch, page_tables=tables)
 
 
 class MaskOnlyBySoftmax(_OwnAttention):
@@ -148,6 +174,6 @@ class WriteIgnoresLayer(_Wrapper):
         return self.inner.read(0, slots)
 
     def attention(
-        self, layer: int, query: torch.Tensor, batch: AttentionBatch, scale: float
+        self, layer: int, query: torch.Tensor, metadata: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        return self.inner.attention(0, query, batch, scale)
+        return super().attention(0, query, metadata, scale)
