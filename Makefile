@@ -81,10 +81,13 @@ $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_EXAMPLE)/pyproject.toml
 	$(VLLM_BIN)/pip install --quiet -e . -e $(VLLM_EXAMPLE)
 	touch $@
 
+# The example imports pagedkv_conformance, which is the folder conformance/ once installed: a
+# link under build/typecheck gives mypy the package by its installed name.
 typecheck: install
 	$(BIN)/mypy --strict src conformance
-	MYPYPATH=src:$(VLLM_EXAMPLE) $(BIN)/mypy --strict --config-file $(VLLM_EXAMPLE)/pyproject.toml \
-		$(VLLM_EXAMPLE)/pagedkv_vllm $(VLLM_EXAMPLE)/tests
+	mkdir -p build/typecheck && ln -sfn ../../conformance build/typecheck/pagedkv_conformance
+	MYPYPATH=src:build/typecheck:$(VLLM_EXAMPLE) $(BIN)/mypy --strict \
+		--config-file $(VLLM_EXAMPLE)/pyproject.toml $(VLLM_EXAMPLE)/pagedkv_vllm $(VLLM_EXAMPLE)/tests
 
 lint: install
 	$(BIN)/ruff check src conformance tests examples

@@ -8,8 +8,11 @@ among the arguments) or a collected test asks for a backend fixture.
 What it provides:
 
 * ``--backend module:factory`` (else ``$PAGEDKV_BACKEND``, else pagedkv's reference backend);
+* the backend's declared ``variants`` (:mod:`pagedkv_conformance.variants`): the oracles
+  follow them, and the tests a declared choice makes fail run as strict expected failures
+  naming it;
 * ``--pagedkv-xfail=FILE`` (else ``$PAGEDKV_XFAIL``): test node ids, one a line, run as
-  strict expected failures;
+  strict expected failures (known bugs; a deliberate departure is declared as a variant);
 * the markers ``spec(*ids)`` and ``requires(*capabilities)``; a test requiring a capability
   the backend does not declare is skipped, the reason naming the capability;
 * the Hypothesis profiles ``ci`` and ``dev``, chosen by ``$PAGEDKV_HYPOTHESIS_PROFILE``;
@@ -40,7 +43,7 @@ from .loading import (
     MakePagedStore,
     load_backend,
 )
-from .variants import declared_variants
+from .variants import declared_variants, departures, expected_failures
 
 #: Environment variable choosing the Hypothesis profile; see :func:`register_hypothesis_profiles`.
 PROFILE_ENV = "PAGEDKV_HYPOTHESIS_PROFILE"
@@ -255,12 +258,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if state.backend is None:
         return [f"pagedkv backend: {state.spec} ({state.source}; loaded when a test needs it)"]
     capabilities = ", ".join(sorted(state.backend.capabilities)) or "none"
-    variants = ", ".join(f"{k}={v}" for k, v in sorted(declared_variants(state.backend).items()))
+    chosen = declared_variants(state.backend)
+    declared = ", ".join(sorted(departures(chosen).values()))
     lines = [
         f"pagedkv backend: {state.backend.name} = {state.spec} ({state.source})",
         f"pagedkv capabilities: {capabilities}",
-        f"pagedkv variants: {variants}",
+        f"pagedkv variants: {declared + ' (the others: defaults)' if declared else 'defaults'}",
     ]
+    failing = expected_failures(chosen)
+    if failing:
+        lines.append(f"pagedkv expected failures of the declared variants: {len(failing)}")
     if state.xfail_file is not None:
         lines.append(f"pagedkv expected failures: {len(state.xfail_ids)} in {state.xfail_file}")
     return lines
@@ -293,6 +300,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
     if any(BACKEND_FIXTURES.intersection(getattr(item, "fixturenames", ())) for item in items):
         state.load()
+    if state.backend is not None:
+        _mark_variant_failures(items, expected_failures(declared_variants(state.backend)))
     if not state.xfail_ids:
         return
     for item in items:
@@ -302,6 +311,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(
                     pytest.mark.xfail(strict=True, reason=f"listed in {state.xfail_file}")
                 )
+                break
+
+
+def _mark_variant_failures(items: list[pytest.Item], failing: dict[str, tuple[str, ...]]) -> None:
+    """Run the tests the backend's declared variants make fail as strict expected failures,
+    the reason naming the declarations."""
+    for item in items:
+        for listed, declared in failing.items():
+            if _xfail_match(item, listed):
+                reason = f"declared variant {', '.join(declared)}"
+                item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
                 break
 
 

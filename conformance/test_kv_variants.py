@@ -1,8 +1,9 @@
-"""Where the spec leaves room (KVM-050): a deterministic example on which correct backends
-legitimately differ, checked against the backend's declared choice and against the oracle.
+"""Where the spec leaves room (KVM-050, KVM-051): deterministic examples on which correct
+backends legitimately differ, checked against the backend's declared choice and, where the
+oracle models the choice, against the oracle.
 
-Random state-machine runs rarely reach it: a sequence publishes a page after another
-sequence's chain, the chain's head is evicted, and the prefix is published again.
+Random state-machine runs rarely reach the orphan example: a sequence publishes a page after
+another sequence's chain, the chain's head is evicted, and the prefix is published again.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pagedkv.interfaces import KVManager
 
 from .loading import MakeKVManager
 from .oracle import KVOracle
-from .variants import ORPHANS
+from .variants import DUPLICATES, ORPHANS
 
 
 class _Calls(Protocol):
@@ -27,6 +28,7 @@ class _Calls(Protocol):
     def free(self, seq_id: int) -> None: ...
     def cached_prefix_length(self, token_ids: list[int]) -> int: ...
     def pages_indexed(self) -> int: ...
+    def pages_cached(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,35 @@ def orphan_example(calls: _Calls) -> OrphanOutcome:
     return OrphanOutcome(republished, calls.cached_prefix_length(PROMPT_D), calls.pages_indexed())
 
 
+@dataclass(frozen=True)
+class DuplicateOutcome:
+    """What the duplicate example observes."""
+
+    published_again: int  # pages the second commit of the same prefix published
+    pages_indexed: int  # after it
+    pages_cached: int  # once the second sequence is freed
+
+
+#: The outcome each declared ``duplicates`` choice must give (page size 1).
+DUPLICATE_EXPECTED = {
+    "kept-once": DuplicateOutcome(published_again=0, pages_indexed=1, pages_cached=0),
+    "published": DuplicateOutcome(published_again=1, pages_indexed=2, pages_cached=1),
+}
+assert set(DUPLICATE_EXPECTED) == set(DUPLICATES.choices)
+
+
+def duplicate_example(calls: _Calls) -> DuplicateOutcome:
+    """Page size 1: A allocates ``[7, 9]`` and commits ``[7]``; B allocates ``[7]``, found
+    whole, so its one page is computed again (KVM-025), and commits it; B is freed."""
+    calls.allocate(A, [7, 9], 2)
+    calls.commit(A, [7])
+    calls.allocate(C, [7], 1)
+    again = calls.commit(C, [7])
+    indexed = calls.pages_indexed()
+    calls.free(C)
+    return DuplicateOutcome(again, indexed, calls.pages_cached())
+
+
 @dataclass
 class OnBackend:
     kv: KVManager
@@ -93,6 +124,9 @@ class OnBackend:
 
     def pages_indexed(self) -> int:
         return self.kv.stats().pages_indexed
+
+    def pages_cached(self) -> int:
+        return self.kv.stats().pages_cached
 
 
 @dataclass
@@ -114,6 +148,9 @@ class OnOracle:
     def pages_indexed(self) -> int:
         return self.oracle.stats().pages_indexed
 
+    def pages_cached(self) -> int:
+        return self.oracle.stats().pages_cached
+
 
 @pytest.mark.requires("prefix_caching", "eviction")
 class KVVariantSuite:
@@ -133,8 +170,30 @@ class KVVariantSuite:
         got = orphan_example(OnBackend(kv))
         others = [c for c, outcome in EXPECTED.items() if outcome == got]
         assert got == want, (
-            f"declared orphans={choice!r} ({ORPHANS.choices[choice]}), but the backend behaves "
-            f"as {others or 'no declared choice'}: {got}"
+            f"declared orphans={choice!r} ({ORPHANS.choices[choice].meaning}), but the "
+            f"backend behaves as {others or 'no declared choice'}: {got}"
+        )
+        kv.check_invariants()
+
+    @pytest.mark.spec("KVM-051")
+    def test_duplicate_publication_follows_the_declared_variant(
+        self, make_kv_manager: MakeKVManager, backend_variants: dict[str, str]
+    ) -> None:
+        """A prompt found whole in the cache recomputes its last page (KVM-025) and commits it
+        again: the backend publishes it, or not, as its declared ``duplicates`` choice says,
+        and the page is cached or free after it is freed accordingly. The oracle models
+        ``kept-once``."""
+        choice = backend_variants[DUPLICATES.name]
+        want = DUPLICATE_EXPECTED[choice]
+        if choice == DUPLICATES.default:
+            oracle = KVOracle(NUM_PAGES, 1, enable_prefix_caching=True)
+            assert duplicate_example(OnOracle(oracle)) == want, "the oracle disagrees"
+        kv = make_kv_manager(NUM_PAGES, 1)
+        got = duplicate_example(OnBackend(kv))
+        others = [c for c, outcome in DUPLICATE_EXPECTED.items() if outcome == got]
+        assert got == want, (
+            f"declared duplicates={choice!r} ({DUPLICATES.choices[choice].meaning}), but the "
+            f"backend behaves as {others or 'no declared choice'}: {got}"
         )
         kv.check_invariants()
 

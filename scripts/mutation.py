@@ -70,6 +70,42 @@ PACKAGES: dict[str, Package] = {
             ("tests/test_paged_store.py", "conformance/test_paged_store.py"),
         ),
         Package(
+            "sampler",
+            ("src/pagedkv/engine/sampler.py", "src/pagedkv/engine/params.py"),
+            (
+                "tests/test_sampler.py",
+                "tests/test_sampling_controls.py",
+                "tests/test_engine_sampling.py",
+                "tests/test_prompt_logprobs.py",
+                "conformance/test_engine.py",
+            ),
+        ),
+        Package(
+            "scheduler",
+            tuple(
+                f"src/pagedkv/engine/{name}.py"
+                for name in (
+                    "scheduler",
+                    "paged_scheduler",
+                    "recompute_scheduler",
+                    "request",
+                    "group",
+                )
+            ),
+            (
+                "tests/test_scheduler.py",
+                "tests/test_parallel_without_fork.py",
+                "tests/test_engine_faults.py",
+                "conformance/test_engine.py",
+                "conformance/test_engine_parallel.py",
+                "conformance/test_engine_isolation.py",
+                "conformance/test_engine_observers.py",
+                # Not here, for time: the engine state machine (30 s a run under the mutation
+                # profile) and the real-model cases (10 s); they check the same engine code as
+                # the example tests, through more sequences.
+            ),
+        ),
+        Package(
             "engine",
             tuple(
                 f"src/pagedkv/engine/{name}.py"
@@ -77,22 +113,35 @@ PACKAGES: dict[str, Package] = {
                     "config",
                     "engine",
                     "outputs",
-                    "params",
-                    "request",
-                    "sampler",
-                    "scheduler",
+                    "detokenizer",
                     "tokenizer",
+                    "prompts",
+                    "generation_config",
+                    "chat_template",
+                    "llm",
                 )
             ),
             (
+                "tests/test_engine_api.py",
+                "tests/test_engine_metrics.py",
+                "tests/test_engine_faults.py",
+                "tests/test_detokenizer.py",
+                "tests/test_model_dir_files.py",
+                "tests/test_hf_conventions.py",
                 "conformance/test_engine.py",
                 "conformance/test_engine_text.py",
-                "tests/test_model_dir_files.py",
-                "tests/test_sampler.py",
-                # Not here, for time: the engine state machine (30 s a run under the mutation
-                # profile) and the real-model cases (10 s); they check the same engine code as
-                # the example tests, through more sequences.
+                "conformance/test_engine_observers.py",
+                "conformance/test_engine_isolation.py",
+                "conformance/test_engine_parallel.py",
             ),
+        ),
+        Package(
+            "runner",
+            tuple(
+                f"src/pagedkv/engine/{name}.py"
+                for name in ("runner", "runner_options", "static_decode")
+            ),
+            ("tests/test_runner_options.py", "conformance/test_engine_model.py"),
         ),
     )
 }

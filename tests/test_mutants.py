@@ -110,7 +110,7 @@ def test_report_header_names_the_backend(capfd: pytest.CaptureFixture[str]) -> N
     name = MUTANTS["mru_eviction"].build().name
     assert f"pagedkv backend: {name} = mutants:mru_eviction (--backend)" in output, output
     assert "pagedkv capabilities: eviction, prefix_caching, reset" in output, output
-    assert "pagedkv variants: orphans=block" in output, output
+    assert "pagedkv variants: defaults" in output, output
 
 
 def test_missing_capabilities_skip_with_the_reason(capfd: pytest.CaptureFixture[str]) -> None:
@@ -121,6 +121,36 @@ def test_missing_capabilities_skip_with_the_reason(capfd: pytest.CaptureFixture[
     assert run.code == 0, output[-3000:]
     assert re.search(r"SKIPPED .*does not declare capabilit.*'prefix_caching'", output), output
     assert {"passed", "skipped"} <= set(run.outcomes.values()), run.summary()
+
+
+def test_a_declared_departure_runs_what_it_breaks_as_expected_failures() -> None:
+    """A backend declaring ``publication=on-schedule`` (and publishing when allocated) passes
+    the KVManager example tests with exactly the tests the departure names run as expected
+    failures; the reference declaring it fails the run, since those tests pass (strict)."""
+    departing = {
+        f"test_kv_manager::TestKVManager::{name}"
+        for name in (
+            "test_nothing_is_hit_before_commit",
+            "test_only_full_pages_are_published",
+            "test_stats_count_what_happened",
+        )
+    }
+    run = run_in_process("mutants:publication_on_schedule_declared", ("test_kv_manager",))
+    assert run.code == 0, run.summary()
+    assert {n for n, o in run.outcomes.items() if o == "skipped"} == departing, run.summary()
+    run = run_in_process(
+        "mutants:publication_on_schedule_declared_falsely", tuple(sorted(departing))
+    )
+    assert run.code == EXIT_TESTS_FAILED, run.summary()
+    assert set(run.failed()) == departing, run.summary()
+    assert all("XPASS(strict)" in run.crashes[n] for n in departing), run.summary()
+
+
+def test_variants_must_be_a_mapping_of_known_choices() -> None:
+    """Declarations in any other form, or of unknown variants, stop the run (usage error)."""
+    for factory in ("unknown_variant", "variants_as_names"):
+        run = run_in_process(f"mutants:{factory}", ("test_kv_manager",), "--co")
+        assert run.code == EXIT_USAGE_ERROR, factory
 
 
 def test_expected_failures_file(tmp_path: Path) -> None:

@@ -298,3 +298,26 @@ def no_capabilities() -> MutantBackend:
 def unknown_variant() -> MutantBackend:
     """A backend declaring a choice no variant has: a usage error."""
     return MutantBackend("unknown variant choice", variants={"orphans": "sometimes"})
+
+
+def publication_on_schedule_declared() -> MutantBackend:
+    """A KVManager publishing pages when allocated, declaring the departure
+    (``publication=on-schedule``): the tests it makes fail run as expected failures."""
+    return MutantBackend(
+        "publishing when scheduled, declared",
+        kv.PublishBeforeCommit,
+        variants={"publication": "on-schedule"},
+    )
+
+
+def publication_on_schedule_declared_falsely() -> MutantBackend:
+    """The reference declaring a departure it does not make: its expected failures pass."""
+    return MutantBackend(
+        "the reference declaring publication=on-schedule",
+        variants={"publication": "on-schedule"},
+    )
+
+
+def variants_as_names() -> MutantBackend:
+    """Variants declared as bare names, not a mapping of choices: a usage error."""
+    return MutantBackend("variants as names", variants=frozenset({"orphans"}))  # type: ignore[arg-type]
