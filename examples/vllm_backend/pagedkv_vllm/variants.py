@@ -80,16 +80,16 @@ CONTENT_KEYED_DUPLICATES = Note(
         "its parent's content, whichever block that is."
     ),
     default=(
-        "The oracle's choices where the spec leaves room: a commit meeting an entry for the "
-        "same prefix keeps that entry and leaves its own page unpublished (it goes free, not "
-        "cached, on free); an entry remembers its parent entry, so an entry orphaned by its "
-        "parent's eviction is never hit again; a commit meeting a stale orphan stops publishing."
+        "kept-once (KVM-051's default, the reference): a commit meeting an entry for the same "
+        "prefix keeps that entry and leaves its own page unpublished (it goes free, not cached, "
+        "on free)."
     ),
     affects=(
-        "The state machine only: `commit` returns 1 for a duplicate where the oracle returns 0, "
-        "then pages_indexed, pages_cached, pages_free and later hits differ. The usual trigger "
-        "is KVM-025: a prompt found whole in the cache recomputes its last page and publishes "
-        "it again."
+        "The suite follows the choice in test_duplicate_publication_follows_the_declared_variant "
+        "(which vLLM published on commit passes). The state machine's oracle models kept-once "
+        "only, and the orphan example assumes it: both are expected failures. The usual "
+        "trigger is KVM-025: a prompt found whole in the cache recomputes its last page and "
+        "publishes it again."
     ),
     safety=(
         "Safe: a block's K/V depend only on the tokens of its whole prefix (and the salt), "
