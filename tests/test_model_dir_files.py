@@ -79,14 +79,15 @@ def test_an_engine_from_a_model_directory_is_wired_to_it(mode: CacheMode) -> Non
     config = EngineConfig(page_size=4, num_pages=16, mode=mode)
     engine = LLMEngine.from_model_dir(path, config)
     assert engine.tokenizer is not None
-    assert engine.eos_ids == eos_token_ids(path)
-    assert engine.eos_ids
+    assert engine.scheduler.eos_ids == eos_token_ids(path)
+    assert engine.scheduler.eos_ids
     assert engine.runner.max_positions == 1024
+    kv = getattr(engine.scheduler, "kv", None)
     if mode == "v1":
-        assert engine.kv is not None
-        assert (engine.kv.num_pages, engine.kv.page_size) == (16, 4)
+        assert kv is not None
+        assert (kv.num_pages, kv.page_size) == (16, 4)
     else:
-        assert engine.kv is None
+        assert kv is None
     prompt = engine.tokenizer.encode("import os\n")
     rid = engine.add_request("import os\n", SamplingParams(max_tokens=3, temperature=0.0))
     outputs = []
