@@ -69,7 +69,7 @@ PACKAGES: dict[str, Package] = {
         ),
         Package(
             "store",
-            ("src/pagedkv/kv/paged_store.py", "src/pagedkv/kv/ragged_attention.py"),
+            ("src/pagedkv/store/paged_store.py", "src/pagedkv/store/ragged_attention.py"),
             (
                 "tests/test_paged_store.py",
                 "tests/test_paged_store_copy.py",

@@ -36,10 +36,10 @@ from pagedkv.backend import reference_backend
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import SamplingParams
+from pagedkv.entrypoints.server.app import ServerConfig, create_app
+from pagedkv.entrypoints.server.async_engine import AsyncEngine
+from pagedkv.entrypoints.server.http import HTTPOptions, Server
 from pagedkv.interfaces import Engine
-from pagedkv.server.app import ServerConfig, create_app
-from pagedkv.server.async_engine import AsyncEngine
-from pagedkv.server.http import HTTPOptions, Server
 from pagedkv.testing.faults import FaultyRunner, PoisonedRunner, TracingHashRunner, out_of_tries
 
 VOCAB = 256

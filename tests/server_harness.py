@@ -1,6 +1,6 @@
 """Running the real server in tests, and reading what it answers.
 
-:func:`running` starts :class:`pagedkv.server.http.Server` (uvicorn with pagedkv's read
+:func:`running` starts :class:`pagedkv.entrypoints.server.http.Server` (uvicorn with pagedkv's read
 deadlines and graceful shutdown) on a free loopback port in a background thread.
 """
 
@@ -19,8 +19,8 @@ import httpx
 from fastapi import FastAPI
 
 from pagedkv.engine.outputs import EngineStats, StepReport
-from pagedkv.server.async_engine import AsyncEngine
-from pagedkv.server.http import HTTPOptions, Server
+from pagedkv.entrypoints.server.async_engine import AsyncEngine
+from pagedkv.entrypoints.server.http import HTTPOptions, Server
 
 
 @dataclass(frozen=True)

@@ -34,10 +34,10 @@ CONFIG = EngineConfig(page_size=8, num_pages=64, max_model_len=256)
 def cli(
     *args: str, stdin: str | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m pagedkv.cli ARGS``; stdout and stderr captured as UTF-8 text."""
+    """Run ``python -m pagedkv ARGS``; stdout and stderr captured as UTF-8 text."""
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     return subprocess.run(
-        [sys.executable, "-m", "pagedkv.cli", *args],
+        [sys.executable, "-m", "pagedkv", *args],
         input=stdin if stdin is not None else "",
         capture_output=True,
         text=True,
@@ -217,8 +217,8 @@ def test_usage_errors_exit_2() -> None:
 
 @pytest.mark.spec("SRV-040", "ENG-072")
 def test_max_step_retries_reaches_the_engine() -> None:
-    from pagedkv.cli import build_parser
-    from pagedkv.cli_engine import engine_config
+    from pagedkv.entrypoints.cli.engine_args import engine_config
+    from pagedkv.entrypoints.cli.main import build_parser
 
     for command in ("generate", "serve"):
         default = build_parser().parse_args([command])
@@ -234,9 +234,9 @@ def test_a_failed_prompt_is_reported_and_exits_1(
 ) -> None:
     """Every step holding the second prompt raises: it fails alone, named on stderr, and the
     first prompt's output is printed as usual."""
-    from pagedkv import cli_generate
     from pagedkv.backend import reference_backend
-    from pagedkv.cli import main
+    from pagedkv.entrypoints.cli import generate as cli_generate
+    from pagedkv.entrypoints.cli.main import main
     from pagedkv.testing.faults import IdTokenizer, PoisonedRunner
 
     def faulty_engine(*_: Any) -> Engine:

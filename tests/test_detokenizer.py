@@ -174,7 +174,7 @@ def test_reproduction_in_generate_stream() -> None:
         REPRO_PROMPT,
     ]
     result = subprocess.run(
-        [sys.executable, "-m", "pagedkv.cli", *args],
+        [sys.executable, "-m", "pagedkv", *args],
         capture_output=True,
         text=True,
         encoding="utf-8",

@@ -16,8 +16,8 @@ import torch
 from serving_models import tiny_chat_model
 
 from pagedkv import LLM, SamplingParams
-from pagedkv.cli_engine import resolve_model_dir
 from pagedkv.engine.generation_config import GenerationDefaults
+from pagedkv.entrypoints.cli.engine_args import resolve_model_dir
 from pagedkv.errors import CheckpointError
 from pagedkv.model_source import resolve_dtype
 

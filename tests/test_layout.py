@@ -1,11 +1,6 @@
-"""The rooms keep to their walls, checked on the source (ENG-052, ENG-027):
-
-* the server, the command line and the benchmarks use engines only through the ``Engine``
-  Protocol: none imports the engine implementation or its scheduler, or reaches for an
-  engine's ``scheduler``;
-* in the engine, the plan, the runner and the model, only the paged scheduler calls the
-  KVManager.
-"""
+"""The package layout keeps its rooms apart, checked on the source (every import statement, at
+the top of a module or inside a function): the KVManager's package is torch-free (KVM-040), and
+what people use holds engines only through the Engine Protocol (ENG-063)."""
 
 from __future__ import annotations
 
@@ -15,67 +10,67 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "pagedkv"
-#: Modules that implement the engine; its users may not import them.
-ENGINE_INTERNALS = (
-    "pagedkv.engine.engine",
-    "pagedkv.engine.scheduler",
-    "pagedkv.engine.paged_scheduler",
-    "pagedkv.engine.recompute_scheduler",
-)
-#: The KVManager's lookups and state changes.
-KV_CALLS = frozenset({"match_prefix", "cached_prefix_length", "allocate", "grow", "commit", "free"})
+import pagedkv
+
+SRC = Path(pagedkv.__file__).parent
 
 
-def modules(*patterns: str) -> Iterator[Path]:
-    for pattern in patterns:
-        yield from sorted(SRC.glob(pattern))
-
-
-def engine_users() -> Iterator[Path]:
-    return modules("server/*.py", "cli*.py", "bench/*.py")
-
-
-def imported(tree: ast.AST) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(tree):
+def imported_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
+    """``(line, module)`` of every import in ``path``, a module under the import root
+    ``root``; relative imports resolved."""
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module is not None:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            yield node.lineno, base
+            for alias in node.names:  # ``from pagedkv import store`` imports a module too
+                yield node.lineno, f"{base}.{alias.name}"
 
 
-@pytest.mark.spec("ENG-052")
-@pytest.mark.parametrize("path", list(engine_users()), ids=lambda p: str(p.relative_to(SRC)))
-def test_engine_users_live_on_the_protocol(path: Path) -> None:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    names = imported(tree)
-    internal = sorted(n for n in names if n.startswith(ENGINE_INTERNALS) or n.endswith("LLMEngine"))
-    assert not internal, f"{path.name} imports engine internals: {internal}"
-    reached = [
-        node.lineno
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and node.attr in {"scheduler", "_requests"}
+def offences(paths: list[Path], forbidden: tuple[str, ...], root: Path = SRC.parent) -> list[str]:
+    """Each import of a ``forbidden`` module (or one inside it) in ``paths``, sorted."""
+    found = []
+    for path in paths:
+        for line, module in imported_modules(path, root):
+            if any(module == f or module.startswith(f + ".") for f in forbidden):
+                found.append(f"{path.relative_to(root).as_posix()}:{line} imports {module}")
+    return sorted(found)
+
+
+def test_imported_modules_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
+    source = tmp_path / "pagedkv" / "kv" / "probe.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("def f():\n    import torch\n\nfrom ..store import paged_store\n")
+    assert offences([source], ("torch", "pagedkv.store"), root=tmp_path) == [
+        "pagedkv/kv/probe.py:2 imports torch",
+        "pagedkv/kv/probe.py:4 imports pagedkv.store",
+        "pagedkv/kv/probe.py:4 imports pagedkv.store.paged_store",
     ]
-    assert not reached, f"{path.name} reaches into an engine at lines {reached}"
 
 
-@pytest.mark.spec("ENG-027")
-def test_only_the_paged_scheduler_calls_the_kv_manager() -> None:
-    callers: dict[str, list[int]] = {}
-    for path in modules("engine/*.py", "plan.py", "model/*.py"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        lines = [
-            node.lineno
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in KV_CALLS
-            and isinstance(node.func.value, ast.Attribute | ast.Name)
-            and (ast.unparse(node.func.value).endswith("kv"))
-        ]
-        if lines:
-            callers[path.name] = lines
-    assert set(callers) == {"paged_scheduler.py"}, callers
+@pytest.mark.spec("KVM-040")
+def test_the_kv_package_imports_no_torch() -> None:
+    paths = sorted((SRC / "kv").glob("*.py"))
+    assert len(paths) >= 5
+    forbidden = ("torch", "pagedkv.store", "pagedkv.model", "pagedkv.engine", "pagedkv.backend")
+    assert offences(paths, forbidden) == []
+
+
+@pytest.mark.spec("ENG-063")
+def test_what_people_use_holds_engines_through_the_protocol() -> None:
+    paths = sorted((SRC / "entrypoints").rglob("*.py")) + [SRC / "engine" / "llm.py"]
+    assert len(paths) >= 20
+    forbidden = (
+        "pagedkv.engine.engine",
+        "pagedkv.engine.runner",
+        "pagedkv.kv",
+        "pagedkv.store",
+        "pagedkv.model",
+    )
+    assert offences(paths, forbidden) == []

@@ -20,10 +20,10 @@ from pagedkv.engine.runner import ModelRunner
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import KVManagerConfig, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
-from pagedkv.kv.paged_store import TorchPagedStore
 from pagedkv.model.loader import load_model
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.plan import SeqChunk, StepPlan, build_paged_plan, build_recompute_plan
+from pagedkv.store.paged_store import TorchPagedStore
 from pagedkv.testing.tiny_qwen3 import (
     PRESETS,
     build_tiny_checkpoint,

@@ -20,7 +20,12 @@ from hypothesis import strategies as st
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, KVManagerConfig, PagedStore, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
-from pagedkv.kv.paged_store import TorchPagedStore, bytes_per_page, pages_for_budget, torch_device
+from pagedkv.store.paged_store import (
+    TorchPagedStore,
+    bytes_per_page,
+    pages_for_budget,
+    torch_device,
+)
 from pagedkv.testing.tiny_qwen3 import one_torch_thread
 from pagedkv_conformance.store_harness import ATOL, dense_reference
 

@@ -10,7 +10,7 @@ import torch
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StoreConfig
-from pagedkv.kv.paged_store import TorchPagedStore
+from pagedkv.store.paged_store import TorchPagedStore
 
 CONFIG = StoreConfig(num_layers=3, num_kv_heads=2, head_dim=4, page_size=4, num_pages=6)
 CUDA = pytest.mark.skipif(

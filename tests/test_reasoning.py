@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from pagedkv.entrypoints.server.reasoning import (
+    Reasoning,
+    ReasoningParser,
+    ThinkTags,
+    reasoning_parser,
+)
 from pagedkv.errors import InvalidRequest
-from pagedkv.server.reasoning import Reasoning, ReasoningParser, ThinkTags, reasoning_parser
 
 START, END = 7, 8
 PARSER = ReasoningParser("qwen3", ThinkTags("<think>", "</think>", START, END))

@@ -23,11 +23,11 @@ from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.engine.static_decode import MIN_WIDTH, StaticDecode, bucket
 from pagedkv.errors import InvalidRequest
-from pagedkv.kv.paged_store import TorchPagedStore
 from pagedkv.model.layers import Linear
 from pagedkv.model.loader import load_model
 from pagedkv.model.packing import pack_linear_weights, packing_supported, weight_nbytes
 from pagedkv.model.step_attention import PagedStepAttention
+from pagedkv.store.paged_store import TorchPagedStore
 from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint, one_torch_thread
 
 PAGE = 5

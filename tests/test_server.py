@@ -28,13 +28,13 @@ from server_harness import (
 from serving_models import serving_model_dir
 
 from pagedkv.backend import load_engine
-from pagedkv.cli import build_parser
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import SamplingParams
+from pagedkv.entrypoints.cli.main import build_parser
+from pagedkv.entrypoints.server.app import create_app
+from pagedkv.entrypoints.server.async_engine import AsyncEngine
 from pagedkv.interfaces import Engine
-from pagedkv.server.app import create_app
-from pagedkv.server.async_engine import AsyncEngine
 from pagedkv.testing.tiny_qwen3 import model_device
 
 MODEL = "test-model"

@@ -35,12 +35,12 @@ from server_harness import (
 from serving_models import tiny_chat_model
 
 from pagedkv.backend import load_engine, reference_backend
-from pagedkv.cli import build_parser
 from pagedkv.engine.config import EngineConfig
+from pagedkv.entrypoints.cli.main import build_parser
+from pagedkv.entrypoints.server.admission import AdmissionLimits
+from pagedkv.entrypoints.server.app import DEFAULT_MAX_BODY_BYTES, ServerConfig, create_app
+from pagedkv.entrypoints.server.http import HTTPOptions
 from pagedkv.plan import StepPlan
-from pagedkv.server.admission import AdmissionLimits
-from pagedkv.server.app import DEFAULT_MAX_BODY_BYTES, ServerConfig, create_app
-from pagedkv.server.http import HTTPOptions
 from pagedkv.testing.hash_runner import HashRunner
 
 MODEL = "test-model"

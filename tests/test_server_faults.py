@@ -26,8 +26,8 @@ from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Tokenizer
+from pagedkv.entrypoints.server.app import ServerConfig, create_app
 from pagedkv.interfaces import KVManagerConfig, StepRunner
-from pagedkv.server.app import ServerConfig, create_app
 from pagedkv.testing.faults import FaultyRunner, FaultyTokenizer, PoisonedRunner
 from pagedkv.testing.hash_runner import HashRunner
 

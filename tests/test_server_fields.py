@@ -25,11 +25,11 @@ from pagedkv.backend import load_engine
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import SamplingParams
+from pagedkv.entrypoints.server.app import create_app
+from pagedkv.entrypoints.server.async_engine import AsyncEngine
+from pagedkv.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
+from pagedkv.entrypoints.server.request_checks import refused_fields
 from pagedkv.interfaces import Engine
-from pagedkv.server.app import create_app
-from pagedkv.server.async_engine import AsyncEngine
-from pagedkv.server.protocol import ChatCompletionRequest, CompletionRequest
-from pagedkv.server.request_checks import refused_fields
 from pagedkv.testing.tiny_qwen3 import model_device
 
 MODEL = "fields-model"

@@ -29,7 +29,7 @@ from serving_models import tiny_chat_model
 from pagedkv.backend import reference_backend
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.tokenizer import Tokenizer
-from pagedkv.server.app import ServerConfig, create_app
+from pagedkv.entrypoints.server.app import ServerConfig, create_app
 from pagedkv.testing.hash_runner import HashRunner
 
 #: Examples per generation mode (positive and negative), all endpoints together.

@@ -23,10 +23,10 @@ from serving_models import tiny_chat_model
 
 from pagedkv import __version__
 from pagedkv.backend import load_engine
-from pagedkv.cli import build_parser
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.tokenizer import Tokenizer
-from pagedkv.server.app import ServerConfig, create_app
+from pagedkv.entrypoints.cli.main import build_parser
+from pagedkv.entrypoints.server.app import ServerConfig, create_app
 
 MODEL = "tiny"
 CONFIG = EngineConfig(page_size=8, num_pages=64, max_model_len=256)
@@ -241,7 +241,10 @@ def test_startup_summary_and_throughput_lines_are_logged(
         MODEL,
         config=ServerConfig(log_stats_interval_s=0.05),
     )
-    with caplog.at_level(logging.INFO, logger="pagedkv.server"), TestClient(app) as client:
+    with (
+        caplog.at_level(logging.INFO, logger="pagedkv.server"),
+        TestClient(app) as client,
+    ):
         body = {"prompt": PROMPT, "max_tokens": 24, "ignore_eos": True}
         assert client.post("/v1/completions", json=body).status_code == 200
         deadline = time.monotonic() + 10

@@ -18,7 +18,7 @@ from serving_models import tiny_chat_model
 
 from pagedkv.backend import load_engine
 from pagedkv.engine.config import EngineConfig
-from pagedkv.server.app import ServerConfig, create_app
+from pagedkv.entrypoints.server.app import ServerConfig, create_app
 
 MODEL = "tiny"
 CONFIG = EngineConfig(page_size=8, num_pages=96, max_model_len=256)

@@ -29,9 +29,9 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.llm import LLM
 from pagedkv.engine.tokenizer import Tokenizer
+from pagedkv.entrypoints.server.app import ServerConfig, create_app
 from pagedkv.errors import InvalidRequest
 from pagedkv.plan import StepPlan
-from pagedkv.server.app import ServerConfig, create_app
 from pagedkv.testing.tiny_qwen3 import TinySpec, build_tiny_checkpoint
 
 MODEL = "thinker"
@@ -253,7 +253,7 @@ def test_without_a_parser_the_thinking_stays_in_the_content(
 def test_serve_reasoning_parser_flag(tmp_path: Path) -> None:
     def serve(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "pagedkv.cli", "serve", *args],
+            [sys.executable, "-m", "pagedkv", "serve", *args],
             capture_output=True,
             text=True,
             timeout=120,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from pagedkv.cli import main
+from pagedkv.entrypoints.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -131,7 +131,7 @@ class ReferenceBackend:
         )
 
     def create_paged_store(self, config: StoreConfig) -> PagedStore:
-        from pagedkv.kv.paged_store import TorchPagedStore
+        from pagedkv.store.paged_store import TorchPagedStore
 
         return TorchPagedStore(config)
 

@@ -1,6 +1,6 @@
 """Prefill attention: equal-shape chunks grouped into shared calls, against a call per chunk.
 
-The same ragged layout (:mod:`pagedkv.kv.ragged_attention`) is planned twice for each batch of
+The same ragged layout (:mod:`pagedkv.store.ragged_attention`) is planned twice for each batch of
 prefill chunks: grouped as the PagedStore does it (equal query and context lengths share a
 call, up to ``GROUP_ROWS`` rows) and with one attention call per chunk (how prefill chunks ran
 before). Each is run for one layer over K/V gathered from a flat pool, on the embedded model's
@@ -21,7 +21,7 @@ import torch
 from pagedkv.bench.context import BenchContext
 from pagedkv.bench.results import WorkloadResult
 from pagedkv.bench.stats import rounded
-from pagedkv.kv.ragged_attention import (
+from pagedkv.store.ragged_attention import (
     GROUP_ROWS,
     AttentionLayout,
     plan_attention,

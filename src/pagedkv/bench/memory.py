@@ -24,8 +24,8 @@ from pagedkv.engine.outputs import StepReport
 from pagedkv.errors import OutOfPages
 from pagedkv.interfaces import KVManagerConfig, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
-from pagedkv.kv.paged_store import bytes_per_page
 from pagedkv.model.config import ModelConfig
+from pagedkv.store.paged_store import bytes_per_page
 from pagedkv.testing.hash_runner import HashRunner
 
 #: KV byte budget of the concurrency comparison, bytes.

@@ -15,7 +15,6 @@ from typing import Any, cast
 from tqdm import tqdm
 
 from pagedkv.engine.config import CacheMode, EngineConfig
-from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.prompts import PromptType, is_one_prompt
@@ -107,9 +106,9 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             mode=mode,
         )
-        from pagedkv.backend import ReferenceBackend
+        from pagedkv.backend import load_engine
 
-        self.engine: LLMEngine = ReferenceBackend().load_engine(
+        self.engine: Engine = load_engine(
             model, config, dtype=dtype, device=device, generation_config=generation_config
         )
 

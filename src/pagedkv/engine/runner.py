@@ -18,12 +18,12 @@ from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.engine.static_decode import StaticDecode
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
-from pagedkv.kv.paged_store import PagedAttentionMetadata, TorchPagedStore
 from pagedkv.model.loader import load_model
 from pagedkv.model.packing import pack_linear_weights, weight_nbytes
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.model.step_attention import PagedStepAttention, RecomputeStepAttention, StepAttention
 from pagedkv.plan import StepPlan
+from pagedkv.store.paged_store import PagedAttentionMetadata, TorchPagedStore
 
 #: Turns a step plan into the step's attention (validating the plan against the cache mode).
 PrepareAttention = Callable[[StepPlan], StepAttention]

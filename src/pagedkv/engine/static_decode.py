@@ -15,7 +15,7 @@ compute row 0's K/V (to the last bit or nearly: a kernel may round rows of diffe
 differently) and write it to row 0's slot; row 0's own K/V is then written again, alone, so the
 slot ends up holding exactly row 0's values whatever order the first writes land in. Padding
 rows' logits are dropped. Gather positions past a sequence's
-context re-read its position 0 and are masked, as in :mod:`pagedkv.kv.ragged_attention`.
+context re-read its position 0 and are masked, as in :mod:`pagedkv.store.ragged_attention`.
 
 Before a step runs, the runner has already checked its plan against the store
 (``PagedStore.prepare``): this module trusts the plan's ranges.
@@ -30,10 +30,10 @@ import torch
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch
-from pagedkv.kv.paged_store import PagedAttentionMetadata, TorchPagedStore
-from pagedkv.kv.ragged_attention import AttentionGroup, AttentionLayout
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.plan import StepPlan
+from pagedkv.store.paged_store import PagedAttentionMetadata, TorchPagedStore
+from pagedkv.store.ragged_attention import AttentionGroup, AttentionLayout
 
 #: Narrowest gather of a static decode step, positions.
 MIN_WIDTH = 64

@@ -1,6 +1,7 @@
-"""Reference KV cache: the KVManager (pages, prefix index, eviction) and the PagedStore.
+"""Reference KV cache manager: pages, reference counts, the prefix index and eviction.
 
-Importing this package must not import torch (KVM-040); the PagedStore lives in its own module.
+No module of this package imports torch (KVM-040): the PagedStore, which holds the tensors,
+is :mod:`pagedkv.store`.
 """
 
 from pagedkv.kv.manager import ReferenceKVManager

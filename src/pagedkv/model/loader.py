@@ -21,11 +21,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from pagedkv.errors import CheckpointError
-from pagedkv.kv.paged_store import torch_device, torch_dtype
 from pagedkv.model.checkpoint_layout import TensorPiece, checkpoint_pieces
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.layers import MergedLinear
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
+from pagedkv.store.paged_store import torch_device, torch_dtype
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

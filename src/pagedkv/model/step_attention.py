@@ -19,8 +19,8 @@ import torch
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionMetadata, PagedStore
-from pagedkv.kv.ragged_attention import AttentionLayout, plan_attention, ragged_attention
 from pagedkv.plan import StepPlan
+from pagedkv.store.ragged_attention import AttentionLayout, plan_attention, ragged_attention
 
 
 class StepAttention(Protocol):

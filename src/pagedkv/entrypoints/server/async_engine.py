@@ -6,9 +6,9 @@ receive each request's outputs on their own ``asyncio.Queue``, filled from the e
 with ``loop.call_soon_threadsafe``. The thread steps while any request is unfinished and
 sleeps on the command queue otherwise.
 
-Admission (see :mod:`pagedkv.server.admission`) happens at both ends: the prompt count is checked
-when a request is submitted, the queue depth on the engine thread when it is added (where the
-engine's count of waiting requests is exact), and deadlines between steps.
+Admission (see :mod:`pagedkv.entrypoints.server.admission`) happens at both ends: the prompt
+count is checked when a request is submitted, the queue depth on the engine thread when it is
+added (where the engine's count of waiting requests is exact), and deadlines between steps.
 
 Failures stay with the request they belong to (SRV-023, SRV-024): a request the engine finishes
 with reason ``error``, or whose output the server fails to serve, fails alone, and the rest of
@@ -34,9 +34,9 @@ from typing import Any, TypeVar
 from pagedkv.engine.outputs import EngineStats, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Message
+from pagedkv.entrypoints.server.admission import AdmissionLimits, DeadlineExceeded, Deadlines
 from pagedkv.errors import InvalidRequest, PagedKVError
 from pagedkv.interfaces import Engine
-from pagedkv.server.admission import AdmissionLimits, DeadlineExceeded, Deadlines
 
 T = TypeVar("T")
 

@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from pagedkv import __version__
+from pagedkv.entrypoints.server.admission import AdmissionLimits
+from pagedkv.entrypoints.server.async_engine import AsyncEngine
+from pagedkv.entrypoints.server.auth import ApiKeyAuth
+from pagedkv.entrypoints.server.errors import install_error_handlers
+from pagedkv.entrypoints.server.limits import BodySizeLimit
+from pagedkv.entrypoints.server.metrics import ServingMetrics
+from pagedkv.entrypoints.server.reasoning import reasoning_parser
+from pagedkv.entrypoints.server.routes import ServerState, router
+from pagedkv.entrypoints.server.stats_log import log_throughput, startup_summary
+from pagedkv.entrypoints.server.tokenize import router as tokenize_router
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import Engine
-from pagedkv.server.admission import AdmissionLimits
-from pagedkv.server.async_engine import AsyncEngine
-from pagedkv.server.auth import ApiKeyAuth
-from pagedkv.server.errors import install_error_handlers
-from pagedkv.server.limits import BodySizeLimit
-from pagedkv.server.metrics import ServingMetrics
-from pagedkv.server.reasoning import reasoning_parser
-from pagedkv.server.routes import ServerState, router
-from pagedkv.server.stats_log import log_throughput, startup_summary
-from pagedkv.server.tokenize import router as tokenize_router
 
 #: Default bound of a request body, bytes.
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -85,7 +85,7 @@ def create_app(
 
     The engine is owned by a background thread from the app's startup to its shutdown (the
     ASGI lifespan); nothing else may use it meanwhile. The bridge is reachable as
-    ``app.state.server.engine`` (see :class:`~pagedkv.server.routes.ServerState`).
+    ``app.state.server.engine`` (see :class:`~pagedkv.entrypoints.server.routes.ServerState`).
 
     Args:
         engine: a freshly built engine with no requests.

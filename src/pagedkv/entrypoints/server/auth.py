@@ -21,8 +21,8 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pagedkv.entrypoints.server.errors import APIError
 from pagedkv.errors import InvalidRequest
-from pagedkv.server.errors import APIError
 
 #: Paths answered without a key (load balancers probe them).
 OPEN_PATHS = frozenset({"/health"})

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pagedkv.engine.generation_config import GenerationDefaults
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
-from pagedkv.server.async_engine import PromptInput, StreamItem
-from pagedkv.server.protocol import (
+from pagedkv.entrypoints.server.async_engine import PromptInput, StreamItem
+from pagedkv.entrypoints.server.protocol import (
     AssistantMessage,
     ChoiceLogprobs,
     CompletionLogprobs,
@@ -20,7 +20,7 @@ from pagedkv.server.protocol import (
     TopLogprob,
     Usage,
 )
-from pagedkv.server.reasoning import ReasoningParser
+from pagedkv.entrypoints.server.reasoning import ReasoningParser
 
 
 def logit_bias(bias: Mapping[str, float] | None) -> dict[int, float]:

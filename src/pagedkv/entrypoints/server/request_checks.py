@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel
 
-from pagedkv.server.errors import APIError
-from pagedkv.server.protocol import NEUTRAL, REFUSED
+from pagedkv.entrypoints.server.errors import APIError
+from pagedkv.entrypoints.server.protocol import NEUTRAL, REFUSED
 
 logger = logging.getLogger("pagedkv.server")
 

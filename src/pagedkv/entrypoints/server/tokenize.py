@@ -9,8 +9,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from pagedkv import __version__
-from pagedkv.server.async_engine import ChatPrompt, PromptInput
-from pagedkv.server.protocol import (
+from pagedkv.entrypoints.server.async_engine import ChatPrompt, PromptInput
+from pagedkv.entrypoints.server.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeChatRequest,
@@ -18,8 +18,8 @@ from pagedkv.server.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
-from pagedkv.server.request_checks import check_request
-from pagedkv.server.routes import check_model, server_state
+from pagedkv.entrypoints.server.request_checks import check_request
+from pagedkv.entrypoints.server.routes import check_model, server_state
 
 router = APIRouter()
 

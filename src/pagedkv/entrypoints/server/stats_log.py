@@ -12,8 +12,8 @@ import logging
 import time
 
 from pagedkv.engine.outputs import EngineStats
-from pagedkv.server.async_engine import AsyncEngine
-from pagedkv.server.metrics import ServingMetrics, TokenTotals
+from pagedkv.entrypoints.server.async_engine import AsyncEngine
+from pagedkv.entrypoints.server.metrics import ServingMetrics, TokenTotals
 
 logger = logging.getLogger("pagedkv.server")
 

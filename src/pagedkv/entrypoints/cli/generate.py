@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pagedkv.cli_engine import (
+from pagedkv.entrypoints.cli.engine_args import (
     add_engine_flags,
     add_model_flag,
     engine_config,

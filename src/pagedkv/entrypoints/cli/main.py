@@ -14,7 +14,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from pagedkv import __version__, cli_demo, cli_generate, cli_serve
+from pagedkv import __version__
+from pagedkv.entrypoints.cli import demo as cli_demo
+from pagedkv.entrypoints.cli import generate as cli_generate
+from pagedkv.entrypoints.cli import serve as cli_serve
 
 #: Exit status of a malformed command line.
 EXIT_USAGE = 2

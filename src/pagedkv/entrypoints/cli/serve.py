@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pagedkv.cli_engine import (
+from pagedkv.entrypoints.cli.engine_args import (
     add_engine_flags,
     add_model_flag,
     engine_config,
@@ -16,16 +16,17 @@ from pagedkv.cli_engine import (
     resolve_model_dir,
     wrap,
 )
-from pagedkv.errors import InvalidRequest
-from pagedkv.server.admission import (
+from pagedkv.entrypoints.server.admission import (
     DEFAULT_MAX_PROMPTS_PER_REQUEST,
     DEFAULT_MAX_WAITING_REQUESTS,
     AdmissionLimits,
 )
-from pagedkv.server.reasoning import REASONING_PARSERS
+from pagedkv.entrypoints.server.reasoning import REASONING_PARSERS
+from pagedkv.errors import InvalidRequest
 
-#: Defaults of the HTTP flags, as in ``pagedkv.server.app`` and ``pagedkv.server.http`` (which
-#: import FastAPI and uvicorn: only loaded when serving, so that ``--help`` stays fast).
+#: Defaults of the HTTP flags, as in ``pagedkv.entrypoints.server.app`` and
+#: ``pagedkv.entrypoints.server.http`` (which import FastAPI and uvicorn: only loaded when
+#: serving, so that ``--help`` stays fast).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
@@ -192,8 +193,8 @@ def _add_auth_flags(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the model and serve until interrupted; returns the exit status."""
     from pagedkv.assets import DEFAULT_MODEL_NAME
-    from pagedkv.server.app import ServerConfig, create_app
-    from pagedkv.server.http import HTTPOptions, Server
+    from pagedkv.entrypoints.server.app import ServerConfig, create_app
+    from pagedkv.entrypoints.server.http import HTTPOptions, Server
 
     if args.max_body_bytes < 1:
         raise InvalidRequest(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")

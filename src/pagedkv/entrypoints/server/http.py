@@ -26,8 +26,8 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from pagedkv.entrypoints.server.routes import ServerState
 from pagedkv.errors import InvalidRequest
-from pagedkv.server.routes import ServerState
 
 #: Default seconds a client has to send a request's headers.
 DEFAULT_HEADER_TIMEOUT_S = 10.0

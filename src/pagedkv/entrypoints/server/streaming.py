@@ -11,10 +11,9 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
-from pagedkv.errors import PagedKVError
-from pagedkv.server.async_engine import GenerationStream
-from pagedkv.server.errors import api_error
-from pagedkv.server.openai_format import (
+from pagedkv.entrypoints.server.async_engine import GenerationStream
+from pagedkv.entrypoints.server.errors import api_error
+from pagedkv.entrypoints.server.openai_format import (
     chat_logprobs,
     choice_index,
     completion_logprobs,
@@ -25,7 +24,7 @@ from pagedkv.server.openai_format import (
     prompt_logprobs,
     usage,
 )
-from pagedkv.server.protocol import (
+from pagedkv.entrypoints.server.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
     CompletionChoice,
@@ -33,7 +32,8 @@ from pagedkv.server.protocol import (
     Delta,
     ErrorResponse,
 )
-from pagedkv.server.reasoning import ReasoningParser, ReasoningSplitter
+from pagedkv.entrypoints.server.reasoning import ReasoningParser, ReasoningSplitter
+from pagedkv.errors import PagedKVError
 
 #: The event that ends every stream.
 DONE = "data: [DONE]\n\n"

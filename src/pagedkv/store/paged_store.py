@@ -21,7 +21,7 @@ import torch
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
-from pagedkv.kv.ragged_attention import AttentionLayout, plan_attention, ragged_attention
+from pagedkv.store.ragged_attention import AttentionLayout, plan_attention, ragged_attention
 
 #: The dtype names a :class:`~pagedkv.interfaces.StoreConfig` (and the loader) accepts.
 DTYPES: dict[str, torch.dtype] = {

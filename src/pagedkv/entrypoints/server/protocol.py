@@ -4,7 +4,7 @@ Every declared request field is honored, or refused (SRV-100): a field made with
 :func:`refused` is declared so that a request using it is answered 400 naming it, unless it
 holds its neutral value (``tools: []``, ``response_format: {"type": "text"}``, ...). Unknown
 request fields (``user``, ...) are accepted, as OpenAI clients send some by default, kept in
-``model_extra`` and logged as ignored (see :mod:`pagedkv.server.request_checks`).
+``model_extra`` and logged as ignored (see :mod:`pagedkv.entrypoints.server.request_checks`).
 """
 
 from __future__ import annotations

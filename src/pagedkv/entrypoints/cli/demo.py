@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.cli_engine import resolve_model_dir, wrap
+from pagedkv.entrypoints.cli.engine_args import resolve_model_dir, wrap
 from pagedkv.errors import InvalidRequest
 
 if TYPE_CHECKING:

@@ -10,17 +10,17 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from pagedkv.server.async_engine import (
+from pagedkv.entrypoints.server.async_engine import (
     AsyncEngine,
     ChatPrompt,
     EngineUnavailable,
     GenerationStream,
     PromptInput,
 )
-from pagedkv.server.auth import cache_salt
-from pagedkv.server.errors import APIError
-from pagedkv.server.metrics import PROMETHEUS_CONTENT_TYPE, ServingMetrics
-from pagedkv.server.openai_format import (
+from pagedkv.entrypoints.server.auth import cache_salt
+from pagedkv.entrypoints.server.errors import APIError
+from pagedkv.entrypoints.server.metrics import PROMETHEUS_CONTENT_TYPE, ServingMetrics
+from pagedkv.entrypoints.server.openai_format import (
     Collected,
     assistant_message,
     chat_logprobs,
@@ -30,7 +30,7 @@ from pagedkv.server.openai_format import (
     sampling_params,
     usage,
 )
-from pagedkv.server.protocol import (
+from pagedkv.entrypoints.server.protocol import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -40,9 +40,9 @@ from pagedkv.server.protocol import (
     ModelList,
     SamplingFields,
 )
-from pagedkv.server.reasoning import ReasoningParser
-from pagedkv.server.request_checks import check_request
-from pagedkv.server.streaming import (
+from pagedkv.entrypoints.server.reasoning import ReasoningParser
+from pagedkv.entrypoints.server.request_checks import check_request
+from pagedkv.entrypoints.server.streaming import (
     ChoiceFormat,
     EventStream,
     chat_events,

@@ -14,10 +14,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedkv.engine.chat_template import InvalidTemplateKwargs
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
+from pagedkv.entrypoints.server.admission import DeadlineExceeded, QueueFull, TooManyPrompts
+from pagedkv.entrypoints.server.async_engine import EngineFailure, EngineUnavailable, RequestFailed
+from pagedkv.entrypoints.server.protocol import ErrorInfo, ErrorResponse
 from pagedkv.errors import InvalidRequest, RequestTooLong
-from pagedkv.server.admission import DeadlineExceeded, QueueFull, TooManyPrompts
-from pagedkv.server.async_engine import EngineFailure, EngineUnavailable, RequestFailed
-from pagedkv.server.protocol import ErrorInfo, ErrorResponse
 
 E = TypeVar("E", bound=Exception)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pagedkv.server.errors import error_response
+from pagedkv.entrypoints.server.errors import error_response
 
 
 class BodySizeLimit:

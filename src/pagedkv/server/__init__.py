@@ -1,1 +1,0 @@
-"""The OpenAI-compatible HTTP server: :func:`pagedkv.server.app.create_app`."""
