@@ -455,7 +455,7 @@ def test_a_bfloat16_pool_attends_a_float32_query_in_float32() -> None:
     query = torch.randn(2, 4, 8, generator=gen)
     for q_lens in ([2], [1]):
         batch = batch_for([(0, 1)], q_lens, [6])
-        out = store.attention(0, query[: q_lens[0]], batch, 0.3)
+        out = store.attention(0, query[: q_lens[0]], store.prepare(batch), 0.3)
         assert out.dtype == torch.float32
         want = dense_reference(query[: q_lens[0]], k.bfloat16(), v.bfloat16(), 0.3)
         torch.testing.assert_close(out.double(), want, atol=ATOL, rtol=0)
