@@ -13,7 +13,7 @@ from typing import Protocol
 
 import pytest
 
-from pagedkv.interfaces import KVManager
+from pagedkv.interfaces import ForkingKVManager, KVManager
 
 from .loading import MakeKVManager
 from .oracle import KVOracle
@@ -48,7 +48,7 @@ EXPECTED = {
 }
 assert set(EXPECTED) == set(ORPHANS.choices)
 
-A, C, E, D = 0, 1, 2, 3
+A, C, E, D, F = 0, 1, 2, 3, 4
 PROMPT_A = [1, 2]
 PROMPT_C = [1, 2, 3]
 PROMPT_D = [1, 2, 3, 4, 5]
@@ -176,6 +176,26 @@ class KVVariantSuite:
         # D's prompt pages are published, or abandoned where a blocking orphan stopped its
         # chain: none of them is in flight (KVM-036), whatever the choice.
         assert kv.match_prefix([*PROMPT_D, 6]).num_in_flight_tokens == 0
+        kv.check_invariants()
+
+    @pytest.mark.spec("KVM-039", "KVM-050")
+    @pytest.mark.requires("fork")
+    def test_a_fork_publishes_as_its_parent_would_after_the_orphan_example(
+        self, make_kv_manager: MakeKVManager
+    ) -> None:
+        """After the nine calls, D is forked and every page C held is evicted (so no orphan
+        blocks D's prefix any more): the fork, committing D's tokens, publishes what D itself
+        would, which is nothing, whatever the ``orphans`` choice (D's chain is either all
+        published or stopped for good)."""
+        kv = make_kv_manager(NUM_PAGES, 1)
+        orphan_example(OnBackend(kv))
+        assert isinstance(kv, ForkingKVManager)
+        kv.fork(D, F)
+        kv.free(C)
+        kv.allocate(E, [9], NUM_PAGES - kv.stats().pages_in_use)  # evicts every cached page
+        kv.free(E)
+        assert kv.commit(F, PROMPT_D) == 0
+        assert kv.commit(D, PROMPT_D) == 0
         kv.check_invariants()
 
     @pytest.mark.spec("KVM-051")
