@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.interfaces import Backend, Engine, EngineBackend
 from pagedkv.testing.hash_runner import HashRunner, next_token
 
@@ -93,8 +94,11 @@ def build_engine(
     enable_prefix_caching: bool = True,
     mode: str = "v1",
     eos_ids: frozenset[int] = frozenset(),
+    tokenizer: Tokenizer | None = None,
+    vocab: int = VOCAB,
 ) -> EngineUnderTest:
-    """An engine of ``backend`` over a fresh hash runner sized like its page pool."""
+    """An engine of ``backend`` over a fresh hash runner of ``vocab`` tokens sized like its
+    page pool, with ``tokenizer`` for text."""
     if not isinstance(backend, EngineBackend):
         raise TypeError(f"backend {backend.name!r} declares 'engine' but has no create_engine")
     config = EngineConfig(
@@ -106,6 +110,6 @@ def build_engine(
         enable_prefix_caching=enable_prefix_caching,
         mode="v0" if mode == "v0" else "v1",
     )
-    runner = HashRunner(VOCAB, num_pages, page_size)
-    engine = backend.create_engine(runner, config, eos_ids=eos_ids)
+    runner = HashRunner(vocab, num_pages, page_size)
+    engine = backend.create_engine(runner, config, tokenizer=tokenizer, eos_ids=eos_ids)
     return EngineUnderTest(engine, runner, config)

@@ -14,7 +14,17 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Protocol
 
-from pagedkv.interfaces import CAPABILITIES, Backend, KVManager, KVManagerConfig
+from pagedkv.interfaces import (
+    CAPABILITIES,
+    Backend,
+    KVManager,
+    KVManagerConfig,
+    PagedStore,
+    PagedStoreBackend,
+    StoreConfig,
+)
+
+from .variants import VariantError, declared_variants
 
 #: The backend tested when neither ``--backend`` nor ``$PAGEDKV_BACKEND`` names one.
 DEFAULT_BACKEND = "pagedkv.backend:reference_backend"
@@ -103,6 +113,10 @@ def validate_backend(candidate: object, spec: str) -> Backend:
         )
     if not callable(candidate.create_kv_manager):
         raise BackendLoadError(f"backend {spec!r}: 'create_kv_manager' is not callable")
+    try:
+        declared_variants(candidate)
+    except VariantError as exc:
+        raise BackendLoadError(f"backend {spec!r}: {exc}") from exc
     return candidate
 
 
@@ -123,3 +137,43 @@ class BackendKVManagerFactory:
                 f"{type(manager).__name__}, which is not a pagedkv.interfaces.KVManager"
             )
         return manager
+
+
+class MakePagedStore(Protocol):
+    """What the ``make_paged_store`` fixture returns: a fresh PagedStore per call, shaped by
+    :class:`~pagedkv.interfaces.StoreConfig` fields (defaults: 2 layers, 2 KV heads of 8
+    channels, 16 pages of 4 positions, float32 on the CPU)."""
+
+    def __call__(self, **fields: object) -> PagedStore: ...
+
+
+#: The store shape ``make_paged_store`` uses for fields it is not given.
+STORE_DEFAULTS: dict[str, object] = {
+    "num_layers": 2,
+    "num_kv_heads": 2,
+    "head_dim": 8,
+    "page_size": 4,
+    "num_pages": 16,
+}
+
+
+@dataclass(frozen=True)
+class BackendPagedStoreFactory:
+    """A :class:`MakePagedStore` that builds stores with a backend and checks their type."""
+
+    backend: Backend
+
+    def __call__(self, **fields: object) -> PagedStore:
+        if not isinstance(self.backend, PagedStoreBackend):
+            raise TypeError(
+                f"backend {self.backend.name!r} declares 'paged_store' but has no "
+                "create_paged_store"
+            )
+        config = StoreConfig(**{**STORE_DEFAULTS, **fields})  # type: ignore[arg-type]
+        store = self.backend.create_paged_store(config)
+        if not isinstance(store, PagedStore):
+            raise TypeError(
+                f"backend {self.backend.name!r}: create_paged_store returned a "
+                f"{type(store).__name__}, which is not a pagedkv.interfaces.PagedStore"
+            )
+        return store

@@ -5,16 +5,22 @@ can observe. The oracle trades speed for obviousness: plain lists and dicts, lin
 prefix entries keyed by the *whole* token prefix (plus the salt) instead of chained hashes, so
 it has no hash collisions to verify against (KVM-022 holds by construction).
 
-Where the spec leaves a choice, the oracle follows the reference implementation:
+Where the spec leaves a choice, the oracle follows the backend's declared variant
+(``pagedkv_conformance.variants``, KVM-050), the ``orphans`` policy:
 
-* an entry remembers the identity of its parent entry; a hit walks from the first page and
-  stops at the first page whose entry is missing or whose parent is not the entry just matched
-  (so an entry orphaned by its parent's eviction is never hit, even if the parent's tokens are
-  published again later);
-* committing a page whose prefix another sequence already published keeps the other page's
-  entry, leaves this page unpublished and continues the chain from the other entry;
+* an entry remembers the identity of its parent entry. With ``block`` (the chained-hash
+  reference) and ``detach`` (the radix tree) a hit walks from the first page and stops at the
+  first page with no entry whose parent is the entry just matched, so an entry orphaned by its
+  parent's eviction is never hit, even if the parent's tokens are published again later; with
+  ``reattach`` any entry for the page's whole prefix is hit, orphan or not;
 * committing a page whose prefix has an entry with a different parent (a stale orphan) stops
-  publication for the rest of that sequence;
+  publication for the rest of that sequence under ``block``, publishes the page beside the
+  orphan under ``detach``, and continues the chain from the orphan under ``reattach``.
+
+Where the spec leaves no choice:
+
+* committing a page whose prefix another sequence already published (same parent) keeps the
+  other page's entry, leaves this page unpublished and continues the chain from the other entry;
 * fresh pages come from the free list first, then by evicting the least recently released
   cached page that the same allocation does not hit (KVM-024, KVM-026);
 * a fork (KVM-037) shares the parent's full pages, takes the copy of a partial last page like
@@ -117,14 +123,24 @@ class KVOracle:
     """The model. Methods mirror :class:`pagedkv.interfaces.KVManager` and raise the same
     typed errors, having changed nothing."""
 
-    def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        enable_prefix_caching: bool,
+        orphans: str = "block",
+    ) -> None:
+        if orphans not in ("block", "detach", "reattach"):
+            raise ValueError(f"unknown orphans policy {orphans!r}")
+        self.orphans = orphans
         self.num_pages = num_pages
         self.page_size = page_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref: list[int] = [0] * num_pages
         self.free_list: list[int] = list(range(num_pages))
         self.lru: list[int] = []  # cached pages, least recently released first
-        self.entries: dict[PrefixKey, OracleEntry] = {}
+        #: Entries by prefix; more than one only under ``detach`` (orphans beside live ones).
+        self.entries: dict[PrefixKey, list[OracleEntry]] = {}
         self.entry_of_page: dict[int, OracleEntry] = {}
         self.sequences: dict[int, OracleSequence] = {}
         self.freed: set[int] = set()
@@ -143,6 +159,14 @@ class KVOracle:
             raise UnknownSequence(seq_id)
         raise NeverAllocated(seq_id)
 
+    def _hittable(self, key: PrefixKey, parent: OracleEntry | None) -> OracleEntry | None:
+        """The entry a chain continuing from ``parent`` hits for ``key``, if any."""
+        candidates = self.entries.get(key, [])
+        if self.orphans == "reattach":
+            return candidates[0] if candidates else None
+        parent_uid = None if parent is None else parent.uid
+        return next((e for e in candidates if e.parent_uid == parent_uid), None)
+
     def match(self, token_ids: Sequence[int], salt: str | None) -> list[OracleEntry]:
         """The longest run of entries for the prompt's leading full pages, leaving >= 1 token."""
         if not self.enable_prefix_caching:
@@ -150,13 +174,17 @@ class KVOracle:
         chain: list[OracleEntry] = []
         parent: OracleEntry | None = None
         for i in range((len(token_ids) - 1) // self.page_size):
-            key = (salt, tuple(token_ids[: (i + 1) * self.page_size]))
-            entry = self.entries.get(key)
-            if entry is None or entry.parent_uid != (None if parent is None else parent.uid):
+            entry = self._hittable((salt, tuple(token_ids[: (i + 1) * self.page_size])), parent)
+            if entry is None:
                 break
             chain.append(entry)
             parent = entry
         return chain
+
+    @property
+    def num_entries(self) -> int:
+        """Published entries, orphans included."""
+        return sum(len(entries) for entries in self.entries.values())
 
     def cached_prefix_length(self, token_ids: Sequence[int], salt: str | None = None) -> int:
         if not token_ids:
@@ -207,7 +235,7 @@ class KVOracle:
             pages_in_use=sum(1 for r in self.ref if r > 0),
             pages_free=len(self.free_list),
             pages_cached=len(self.lru),
-            pages_indexed=len(self.entries),
+            pages_indexed=self.num_entries,
             query_tokens=self.query_tokens,
             hit_tokens=self.hit_tokens,
             evictions=self.evictions,
@@ -227,7 +255,10 @@ class KVOracle:
                 page = next(p for p in self.lru if p not in pinned)
                 self.lru.remove(page)
                 entry = self.entry_of_page.pop(page)
-                del self.entries[entry.key]
+                siblings = self.entries[entry.key]
+                siblings.remove(entry)
+                if not siblings:
+                    del self.entries[entry.key]
                 self.evictions += 1
             self.ref[page] = 1
             taken.append(page)
@@ -324,16 +355,16 @@ class KVOracle:
             prefix = () if seq.tail is None else seq.tail.key[1]
             key = (seq.salt, prefix + tuple(token_ids[i * size : (i + 1) * size]))
             parent_uid = None if seq.tail is None else seq.tail.uid
-            existing = self.entries.get(key)
+            existing = self._hittable(key, seq.tail)
+            if existing is None and self.orphans == "block" and self.entries.get(key):
+                seq.broken = True  # a stale orphan holds the key
+                break
             if existing is not None:
-                if existing.parent_uid != parent_uid:
-                    seq.broken = True
-                    break
                 entry = existing
             else:
                 entry = OracleEntry(self._next_uid, seq.pages[i], key, parent_uid)
                 self._next_uid += 1
-                self.entries[key] = entry
+                self.entries.setdefault(key, []).append(entry)
                 self.entry_of_page[entry.page] = entry
                 published += 1
             seq.tail = entry

@@ -8,14 +8,17 @@ among the arguments) or a collected test asks for a backend fixture.
 What it provides:
 
 * ``--backend module:factory`` (else ``$PAGEDKV_BACKEND``, else pagedkv's reference backend);
+* the backend's declared ``variants`` (:mod:`pagedkv_conformance.variants`): the oracles
+  follow them, and the tests a declared choice makes fail run as strict expected failures
+  naming it;
 * ``--pagedkv-xfail=FILE`` (else ``$PAGEDKV_XFAIL``): test node ids, one a line, run as
-  strict expected failures;
+  strict expected failures (known bugs; a deliberate departure is declared as a variant);
 * the markers ``spec(*ids)`` and ``requires(*capabilities)``; a test requiring a capability
   the backend does not declare is skipped, the reason naming the capability;
 * the Hypothesis profiles ``ci`` and ``dev``, chosen by ``$PAGEDKV_HYPOTHESIS_PROFILE``;
 * ``--device`` (else ``$PAGEDKV_DEVICE``, else ``cpu``) for the model tests;
-* the fixtures ``backend``, ``backend_capabilities``, ``make_kv_manager``, ``model_device``
-  and ``golden_checkpoints``.
+* the fixtures ``backend``, ``backend_capabilities``, ``backend_variants``,
+  ``make_kv_manager``, ``make_paged_store``, ``model_device`` and ``golden_checkpoints``.
 """
 
 from __future__ import annotations
@@ -35,9 +38,12 @@ from .loading import (
     DEFAULT_BACKEND,
     BackendKVManagerFactory,
     BackendLoadError,
+    BackendPagedStoreFactory,
     MakeKVManager,
+    MakePagedStore,
     load_backend,
 )
+from .variants import declared_variants, departures, expected_failures
 
 #: Environment variable choosing the Hypothesis profile; see :func:`register_hypothesis_profiles`.
 PROFILE_ENV = "PAGEDKV_HYPOTHESIS_PROFILE"
@@ -45,7 +51,9 @@ PROFILE_ENV = "PAGEDKV_HYPOTHESIS_PROFILE"
 XFAIL_ENV = "PAGEDKV_XFAIL"
 DEFAULT_PROFILE = "ci"
 #: Fixtures whose use makes the plugin load the backend at collection time.
-BACKEND_FIXTURES = frozenset({"backend", "backend_capabilities", "make_kv_manager"})
+BACKEND_FIXTURES = frozenset(
+    {"backend", "backend_capabilities", "backend_variants", "make_kv_manager", "make_paged_store"}
+)
 
 if TYPE_CHECKING:
     from .golden_harness import GoldenCheckpoints
@@ -61,7 +69,8 @@ def _register_assert_rewrite() -> None:
     names = [
         f"{package}.{path.stem}"
         for path in sorted(_SUITE_DIR.glob("*.py"))
-        if path.stem not in {"__init__", "plugin", "loading"} and not path.stem.startswith("test_")
+        if path.stem not in {"__init__", "plugin", "loading", "variants"}
+        and not path.stem.startswith("test_")
         for package in sorted(packages)
     ]
     pytest.register_assert_rewrite(*names)
@@ -75,10 +84,12 @@ def register_hypothesis_profiles() -> None:
 
     * ``ci``: bounded and derandomized, so a run is reproducible and the whole conformance
       suite stays well under a minute on a small machine;
+    * ``mutation``: like ``ci`` with fewer examples and no shrinking, for ``make mutation``,
+      which runs the tests once per mutant and needs a failure, not its smallest example;
     * ``dev``: ten times the examples and longer state-machine runs, randomized, with the
       example database, for hunting bugs locally.
     """
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 
     settings.register_profile(
         "ci",
@@ -88,6 +99,16 @@ def register_hypothesis_profiles() -> None:
         derandomize=True,
         database=None,
         print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    settings.register_profile(
+        "mutation",
+        max_examples=30,
+        stateful_step_count=30,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],  # a failure is enough: no shrinking
         suppress_health_check=[HealthCheck.too_slow],
     )
     settings.register_profile(
@@ -237,10 +258,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if state.backend is None:
         return [f"pagedkv backend: {state.spec} ({state.source}; loaded when a test needs it)"]
     capabilities = ", ".join(sorted(state.backend.capabilities)) or "none"
+    chosen = declared_variants(state.backend)
+    declared = ", ".join(sorted(departures(chosen).values()))
     lines = [
         f"pagedkv backend: {state.backend.name} = {state.spec} ({state.source})",
         f"pagedkv capabilities: {capabilities}",
+        f"pagedkv variants: {declared + ' (the others: defaults)' if declared else 'defaults'}",
     ]
+    failing = expected_failures(chosen)
+    if failing:
+        lines.append(f"pagedkv expected failures of the declared variants: {len(failing)}")
     if state.xfail_file is not None:
         lines.append(f"pagedkv expected failures: {len(state.xfail_ids)} in {state.xfail_file}")
     return lines
@@ -273,6 +300,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
     if any(BACKEND_FIXTURES.intersection(getattr(item, "fixturenames", ())) for item in items):
         state.load()
+    if state.backend is not None:
+        _mark_variant_failures(items, expected_failures(declared_variants(state.backend)))
     if not state.xfail_ids:
         return
     for item in items:
@@ -282,6 +311,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(
                     pytest.mark.xfail(strict=True, reason=f"listed in {state.xfail_file}")
                 )
+                break
+
+
+def _mark_variant_failures(items: list[pytest.Item], failing: dict[str, tuple[str, ...]]) -> None:
+    """Run the tests the backend's declared variants make fail as strict expected failures,
+    the reason naming the declarations."""
+    for item in items:
+        for listed, declared in failing.items():
+            if _xfail_match(item, listed):
+                reason = f"declared variant {', '.join(declared)}"
+                item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
                 break
 
 
@@ -311,10 +351,24 @@ def backend_capabilities(backend: Backend) -> frozenset[str]:
 
 
 @pytest.fixture
+def backend_variants(backend: Backend) -> dict[str, str]:
+    """The backend's choice for every named variant (``pagedkv_conformance.variants``): what
+    it declares in ``variants``, else the defaults. The oracles follow it."""
+    return declared_variants(backend)
+
+
+@pytest.fixture
 def make_kv_manager(backend: Backend) -> MakeKVManager:
     """``make_kv_manager(num_pages, page_size, enable_prefix_caching=True)``: a fresh
     KVManager of the backend under test."""
     return BackendKVManagerFactory(backend)
+
+
+@pytest.fixture
+def make_paged_store(backend: Backend) -> MakePagedStore:
+    """``make_paged_store(**StoreConfig fields)``: a fresh PagedStore of the backend under
+    test (``create_paged_store``), checked to satisfy the Protocol."""
+    return BackendPagedStoreFactory(backend)
 
 
 @pytest.fixture(scope="session")

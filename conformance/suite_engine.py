@@ -6,15 +6,18 @@ or run the whole suite with ``--backend module:factory``.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
+from collections import Counter
 
 import pytest
 
-from pagedkv.engine.outputs import FinishReason
+from pagedkv.engine.outputs import FinishReason, RequestOutput
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import Backend
-from pagedkv.testing.hash_runner import next_token
+from pagedkv.testing.hash_runner import hash_logits, next_token
 
 from .engine_harness import (
     VOCAB,
@@ -23,6 +26,15 @@ from .engine_harness import (
     prompts_with_shared_prefix,
     solo_greedy,
 )
+from .sampling_reference import filtered_distribution
+
+#: Tokens each request of the sampling test draws (four requests).
+SAMPLES = 80
+
+
+def filtered_top(vocab: int) -> float:
+    """The hash model's probability of its own next token (logits fall by 0.5 per step)."""
+    return 1.0 / sum(math.exp(-0.5 * d) for d in range(vocab))
 
 
 @pytest.mark.requires("engine")
@@ -96,6 +108,48 @@ class EngineSuite:
         mixed = [s for s in eut.runner.steps if 1 in s and any(n > 1 for n in s)]
         assert mixed, f"no step mixed decode and prefill: {eut.runner.steps}"
 
+    @pytest.mark.spec("ENG-011", "ENG-022", "ENG-050")
+    def test_v0_respects_the_budgets_and_caches_nothing(self, backend: Backend) -> None:
+        """v0 recomputes whole sequences under the budgets: a 20-token budget admits two
+        10-token prompts (exactly filling it) but not a third; running sequences grow past it
+        and still admit nobody; the third runs alone after them. Nothing is cached, and the
+        pool counters are all zero."""
+        eut = build_engine(backend, mode="v0", max_num_batched_tokens=20, max_num_seqs=3)
+        prompts = [list(range(10)), list(range(20, 30)), [7, 7, 7, 7, 7]]
+        outs = eut.run(prompts, greedy(max_tokens=2))
+        assert eut.runner.steps == [[10, 10], [11, 11], [5], [6]]
+        for prompt, out in zip(prompts, outs, strict=True):
+            assert list(out.token_ids) == solo_greedy(prompt, 2)
+            assert out.metrics.cached_tokens == 0
+        stats = eut.engine.stats()
+        assert (stats.num_pages, stats.pages_in_use, stats.pages_free, stats.pages_cached) == (
+            0,
+            0,
+            0,
+            0,
+        )
+        assert (stats.query_tokens, stats.hit_tokens, stats.hit_rate) == (0, 0, 0.0)
+
+    @pytest.mark.spec("ENG-011")
+    def test_a_budget_of_two_serves_two_decoders_every_step(self, backend: Backend) -> None:
+        """With a 2-token budget and two decoding requests, every step carries both."""
+        eut = build_engine(backend, max_num_batched_tokens=2, max_num_seqs=2)
+        outs = eut.run([[1], [2]], greedy(max_tokens=3))
+        assert eut.runner.steps == [[1, 1]] * 3
+        assert [list(o.token_ids) for o in outs] == [solo_greedy([1], 3), solo_greedy([2], 3)]
+
+    @pytest.mark.spec("ENG-026", "ENG-031")
+    def test_a_prompt_extending_a_running_prefill_waits_for_it(self, backend: Backend) -> None:
+        """A waiting prompt that extends the prompt a running request is still prefilling in
+        chunks is admitted once those pages are committed, and reuses them."""
+        eut = build_engine(backend, max_num_batched_tokens=4)
+        short = list(range(60, 70))
+        longer = short + list(range(80, 90))
+        outs = eut.run([short, longer], greedy(max_tokens=2))
+        assert outs[1].metrics.cached_tokens == 8
+        assert list(outs[0].token_ids) == solo_greedy(short, 2)
+        assert list(outs[1].token_ids) == solo_greedy(longer, 2)
+
     @pytest.mark.spec("ENG-012", "ENG-015")
     def test_abort_frees_every_page(self, backend: Backend) -> None:
         eut = build_engine(backend)
@@ -108,6 +162,7 @@ class EngineSuite:
         assert first is not None
         assert first.finished
         assert first.finish_reason is FinishReason.ABORT
+        assert first.new_token_ids == ()
         engine.check_invariants()
         engine.abort(ids[1])
         assert engine.stats().pages_in_use == 0
@@ -185,6 +240,17 @@ class EngineSuite:
         assert other.metrics.cached_tokens == 0
         assert same.metrics.cached_tokens == 16
 
+    @pytest.mark.spec("ENG-023", "ENG-013")
+    def test_a_stream_keeps_its_cache_salt(self, backend: Backend) -> None:
+        """A streamed request hits the pages of its own salt, and only those."""
+        eut = build_engine(backend)
+        prompt = list(range(30, 50))
+        eut.run([prompt], greedy(max_tokens=2), cache_salt="tenant-a")
+        same = list(eut.engine.stream(prompt, greedy(max_tokens=2), cache_salt="tenant-a"))
+        other = list(eut.engine.stream(prompt, greedy(max_tokens=2), cache_salt="tenant-b"))
+        assert same[-1].metrics.cached_tokens == 16
+        assert other[-1].metrics.cached_tokens == 0
+
     @pytest.mark.spec("ENG-024")
     def test_prefix_caching_off_changes_only_the_work(self, backend: Backend) -> None:
         prompts = prompts_with_shared_prefix(6, prefix_len=21, seed=5)
@@ -227,6 +293,61 @@ class EngineSuite:
             order.extend(o.request_id for o in eut.engine.step() if o.finished)
         assert order == ids
 
+    @pytest.mark.spec("ENG-030", "ENG-032")
+    def test_a_preempted_request_keeps_its_place_in_line(self, backend: Backend) -> None:
+        """A and B run, C arrives and waits for a seat; B is then preempted. B arrived before
+        C, so B resumes before C starts, although C alone would fit first."""
+        eut = build_engine(backend, page_size=4, num_pages=8, max_num_seqs=2)
+        engine = eut.engine
+        prompts = [list(range(12)), list(range(20, 28)), [50, 51, 52]]
+        a = engine.add_request(prompts[0], greedy(max_tokens=12))
+        b = engine.add_request(prompts[1], greedy(max_tokens=12))
+        engine.step()
+        c = engine.add_request(prompts[2], greedy(max_tokens=2))
+        steps: dict[str, list[int]] = {a: [], b: [], c: []}
+        final: dict[str, RequestOutput] = {}
+        preempted_at: int | None = None
+        for step in itertools.count(1):
+            if not engine.has_unfinished_requests():
+                break
+            assert step < 1000, "the engine never finished"
+            for output in engine.step():
+                steps[output.request_id].append(step)
+                if output.finished:
+                    final[output.request_id] = output
+            if preempted_at is None and engine.stats().preemptions:
+                preempted_at = step
+        assert preempted_at is not None, "nothing was preempted: the case proves nothing"
+        assert final[b].metrics.preemptions == 1
+        resumed = min(s for s in steps[b] if s > preempted_at)
+        assert resumed <= min(steps[c]), (
+            f"C (arrived after B) started at step {min(steps[c])}, before B resumed at {resumed}"
+        )
+        for rid, prompt, n in zip((a, b, c), prompts, (12, 12, 2), strict=True):
+            assert list(final[rid].token_ids) == solo_greedy(prompt, n)
+
+    @pytest.mark.spec("ENG-012", "ENG-032")
+    def test_aborting_a_preempted_request_ends_it(self, backend: Backend) -> None:
+        """A request aborted while it waits to be recomputed is gone: it never runs again,
+        and the others finish as they would alone."""
+        eut = build_engine(backend, page_size=4, num_pages=8, max_num_seqs=2)
+        engine = eut.engine
+        a = engine.add_request(list(range(12)), greedy(max_tokens=12))
+        b = engine.add_request(list(range(20, 28)), greedy(max_tokens=12))
+        for _ in range(100):
+            engine.step()
+            if engine.stats().preemptions:
+                break
+        aborted = engine.abort(b)
+        assert aborted is not None
+        assert aborted.finish_reason is FinishReason.ABORT
+        later: list[RequestOutput] = []
+        while engine.has_unfinished_requests():
+            later.extend(engine.step())
+        assert {o.request_id for o in later} == {a}
+        assert list(later[-1].token_ids) == solo_greedy(list(range(12)), 12)
+        assert engine.stats().pages_in_use == 0
+
     @pytest.mark.spec("ENG-031")
     def test_chunked_prefill(self, backend: Backend) -> None:
         eut = build_engine(backend, max_num_batched_tokens=5)
@@ -245,6 +366,7 @@ class EngineSuite:
         assert eut.engine.stats().preemptions > 0
         assert outs[0].metrics.preemptions == 0  # the oldest request is never the victim
         assert any(o.metrics.preemptions for o in outs[1:])
+        assert eut.engine.stats().preemptions == sum(o.metrics.preemptions for o in outs)
         assert eut.engine.stats().pages_in_use == 0
 
     @pytest.mark.spec("ENG-033")
@@ -263,29 +385,42 @@ class EngineSuite:
 
     @pytest.mark.spec("ENG-040")
     @pytest.mark.parametrize(
-        ("params", "allowed"),
+        "params",
         [
-            (SamplingParams(max_tokens=30, temperature=1.0, top_k=3, seed=1), 3),
-            (SamplingParams(max_tokens=30, temperature=2.0, top_p=0.6, seed=2), 4),
-            (SamplingParams(max_tokens=30, temperature=1.0, min_p=0.5, seed=3), 2),
-            (SamplingParams(max_tokens=30, temperature=1.0, top_k=1, seed=4), 1),
+            SamplingParams(max_tokens=SAMPLES, temperature=1.0, top_k=3),
+            SamplingParams(max_tokens=SAMPLES, temperature=2.0, top_p=0.6),
+            SamplingParams(max_tokens=SAMPLES, temperature=1.0, min_p=0.5),
+            SamplingParams(max_tokens=SAMPLES, temperature=1.0, top_k=1),
+            SamplingParams(max_tokens=SAMPLES, temperature=0.7),
         ],
+        ids=["top_k=3", "top_p=0.6", "min_p=0.5", "top_k=1", "no-filter"],
     )
-    def test_sampling_filters(self, backend: Backend, params: SamplingParams, allowed: int) -> None:
-        """The hash model's logits fall by 0.5 per step of distance from the next token, so
-        top-k=3 keeps distances 0-2, min-p=0.5 keeps 0-1 (e^-0.5 > 0.5 > e^-1), and top-p=0.6
-        at temperature 2 keeps 0-3 (the mass before distance 3 is 0.53, before 4 it is 0.63)."""
+    def test_sampling_draws_exactly_what_the_filters_keep(
+        self, backend: Backend, params: SamplingParams
+    ) -> None:
+        """The hash model's logits fall by 0.5 per step of distance from its next token, so
+        every step draws from the same distribution over distances. Checked against the
+        filters written from their definitions (``sampling_reference``): never a token they
+        drop (a filter keeping too many fails), every token they keep with probability 3 % or
+        more drawn at least once (a filter keeping too few fails), and the frequencies within
+        0.1 of theirs in total variation."""
+        want = filtered_distribution(hash_logits(0, VOCAB).tolist(), params)
         eut = build_engine(backend)
-        prompt = [3, 1, 4, 1, 5]
-        (out,) = eut.run([prompt], params)
-        context = list(prompt)
-        distances = []
-        for token in out.token_ids:
-            distances.append((token - next_token(context, VOCAB)) % VOCAB)
-            context.append(token)
-        assert max(distances) < allowed, distances
-        if allowed > 1:
-            assert len(set(distances)) > 1, "sampling never left the argmax"
+        prompts = [[3, 1, 4, 1, 5], [2, 7], [9, 9, 9, 9], [6]]
+        per_request = [dataclasses.replace(params, seed=seed) for seed in range(len(prompts))]
+        counts = Counter[int]()
+        for prompt, out in zip(prompts, eut.run(prompts, per_request), strict=True):
+            context = list(prompt)
+            for token in out.token_ids:
+                counts[(token - next_token(context, VOCAB)) % VOCAB] += 1
+                context.append(token)
+        total = sum(counts.values())
+        dropped = sorted(d for d in counts if want[d] == 0.0)
+        assert not dropped, f"drew distances {dropped}, which the filters drop"
+        missing = [d for d, p in enumerate(want) if p >= 0.03 and counts[d] == 0]
+        assert not missing, f"never drew distances {missing}, which the filters keep"
+        variation = sum(abs(counts[d] / total - p) for d, p in enumerate(want)) / 2
+        assert variation < 0.1, (variation, sorted(counts.items()))
 
     @pytest.mark.spec("ENG-041")
     def test_seeded_sampling_ignores_batch_composition(self, backend: Backend) -> None:
@@ -317,6 +452,21 @@ class EngineSuite:
         (by_token,) = build_engine(backend).run([prompt], stop_at)
         assert list(by_token.token_ids) == expected[: expected.index(expected[2]) + 1]
         assert by_token.finish_reason is FinishReason.STOP
+
+    @pytest.mark.spec("ENG-044")
+    @pytest.mark.parametrize("n", [0, 1])
+    def test_logprobs_of_the_chosen_token_only_or_one_more(self, backend: Backend, n: int) -> None:
+        """``logprobs=0`` reports the chosen token's log-probability and no list; ``1`` one
+        pair, the chosen (greedy) token itself."""
+        params = SamplingParams(max_tokens=3, temperature=0, logprobs=n)
+        (out,) = build_engine(backend).run([[4, 5, 6]], params)
+        assert out.logprobs is not None
+        assert len(out.logprobs) == 3
+        for token, entry in zip(out.token_ids, out.logprobs, strict=True):
+            assert entry.token_id == token
+            assert len(entry.top) == n
+            assert math.isclose(entry.logprob, math.log(filtered_top(VOCAB)), abs_tol=1e-5)
+            assert [t for t, _ in entry.top] == [token] * n
 
     @pytest.mark.spec("ENG-044")
     def test_logprobs(self, backend: Backend) -> None:

@@ -202,6 +202,25 @@ class KVForkSuite:
         assert kv.stats().pages_cached == 2
         kv.check_invariants()
 
+    @pytest.mark.spec("KVM-039")
+    @CACHING
+    def test_the_second_to_commit_a_shared_page_publishes_what_follows(
+        self, make_kv_manager: MakeKVManager
+    ) -> None:
+        """The fork commits the shared pages first; the parent, committing them after, finds
+        them published on its own pages and continues the chain: its next page is published,
+        and a prompt of its tokens hits all three."""
+        kv = forking(make_kv_manager(8, SIZE))
+        kv.allocate(1, ALIGNED, len(ALIGNED))
+        kv.fork(1, 2)
+        assert kv.commit(2, ALIGNED) == 2
+        assert kv.commit(1, ALIGNED) == 0
+        longer = [*ALIGNED, 61, 62, 63, 64]
+        kv.grow(1, len(longer))
+        assert kv.commit(1, longer) == 1
+        assert kv.match_prefix([*longer, 65]).hit_pages == kv.page_table(1).pages
+        kv.check_invariants()
+
     @pytest.mark.spec("KVM-039", "KVM-036")
     @CACHING
     def test_a_fork_has_no_pages_in_flight(self, make_kv_manager: MakeKVManager) -> None:

@@ -298,19 +298,23 @@ class KVManagerSuite:
         "call",
         [
             pytest.param(lambda kv: kv.allocate(2, [], 1), id="empty-prompt"),
+            pytest.param(lambda kv: kv.cached_prefix_length([]), id="empty-lookup"),
+            pytest.param(lambda kv: kv.cached_prefix_length([], "s"), id="empty-salted-lookup"),
             pytest.param(lambda kv: kv.allocate(2, [1, 2], 0), id="zero-new-tokens"),
             pytest.param(lambda kv: kv.allocate(2, [1, 2], -3), id="negative-new-tokens"),
             pytest.param(lambda kv: kv.grow(1, 2), id="grow-below-reservation"),
             pytest.param(lambda kv: kv.grow(1, 0), id="grow-to-zero"),
             pytest.param(lambda kv: kv.commit(1, [1, 2, 3, 4, 5, 6]), id="commit-past"),
             pytest.param(lambda kv: kv.ref_count(-1), id="negative-page"),
+            pytest.param(lambda kv: kv.ref_count(kv.num_pages), id="page-past-the-pool"),
         ],
     )
     def test_out_of_range_arguments_raise_invalid_request(
         self, make_kv_manager: MakeKVManager, call: Callable[[KVManager], object]
     ) -> None:
-        """Empty prompts, num_new_tokens < 1, a grow below the reservation, a commit past it
-        and a negative page id raise InvalidRequest (and nothing moves)."""
+        """Empty prompts (to allocate or to the read-only cached_prefix_length),
+        num_new_tokens < 1, a grow below the reservation, a commit past it and a negative page
+        id raise InvalidRequest (and nothing moves)."""
         kv = make_kv_manager(8, 4)
         kv.allocate(1, [1, 2, 3, 4, 5], 5)
         before = snapshot(kv, [1], [((1, 2, 3, 4, 5), None)])
@@ -319,6 +323,28 @@ class KVManagerSuite:
         assert snapshot(kv, [1], [((1, 2, 3, 4, 5), None)]) == before
 
     # -- KVM-005 / KVM-006: page tables ------------------------------------------------------
+
+    @pytest.mark.spec("KVM-005", "KVM-010", "KVM-023")
+    @CACHING
+    def test_a_pool_of_one_page_works(self, make_kv_manager: MakeKVManager) -> None:
+        """The smallest pool: one sequence at a time; its published page stays cached, cannot
+        be evicted for an allocation hitting it (which needs a second page), and is evicted
+        for another prompt."""
+        kv = make_kv_manager(1, 2)
+        first = kv.allocate(1, [5, 6], 2).page_table.pages
+        assert len(first) == 1
+        with pytest.raises(OutOfPages):
+            kv.allocate(2, [1], 1)
+        kv.commit(1, [5, 6])
+        kv.free(1)
+        assert kv.stats().pages_cached == 1
+        assert kv.cached_prefix_length([5, 6, 7]) == 2
+        with pytest.raises(OutOfPages):
+            kv.allocate(3, [5, 6, 7], 1)  # the hit page plus one more
+        other = kv.allocate(4, [8], 1)
+        assert other.page_table.pages == first
+        assert kv.stats().evictions == 1
+        kv.check_invariants()
 
     @pytest.mark.spec("KVM-005")
     @pytest.mark.parametrize("page_size", [1, 3, 4])
@@ -845,6 +871,28 @@ class KVManagerSuite:
         )
         assert kv.stats().pages_indexed == 6
         assert_ref_counts_match_holders(kv, [1, 2, 3, 4, 5])
+        kv.check_invariants()
+
+    @pytest.mark.spec("KVM-028")
+    @CACHING
+    def test_equal_salts_built_at_run_time_share(self, make_kv_manager: MakeKVManager) -> None:
+        """Salts are compared as strings, not as objects: a salt equal to the publisher's but
+        built at run time (a different object, as one parsed from a request would be) hits
+        its pages, and an unequal one does not."""
+        kv = make_kv_manager(32, 2)
+        prompt = tokens(1, 5)
+        published = "".join(["tenant", "-", "a"])
+        run_prompt(kv, 1, prompt, published)
+        equal = "".join(list("tenant-a"))
+        assert equal == published
+        assert equal is not published
+        assert kv.cached_prefix_length(prompt, equal) == 4
+        hit = kv.allocate(2, prompt, 1, equal)
+        assert hit.num_cached_tokens == 4
+        assert hit.page_table.pages[:2] == kv.page_table(1).pages[:2]
+        kv.commit(2, prompt)  # nothing new: the pages are the publisher's
+        assert kv.stats().pages_indexed == 2
+        assert kv.cached_prefix_length(prompt, "".join(["tenant", "-", "b"])) == 0
         kv.check_invariants()
 
     @pytest.mark.spec("KVM-028")

@@ -192,6 +192,17 @@ class KVMatchSuite:
         assert snapshot(kv, BUSY_LIVE, BUSY_PROMPTS) == before
         assert kv.allocate(20, prompt, 1, match=match).page_table.num_tokens == 1
 
+    @pytest.mark.spec("KVM-035")
+    def test_a_match_of_another_fresh_manager_is_refused(
+        self, make_kv_manager: MakeKVManager
+    ) -> None:
+        """Two managers that have done nothing yet: a match taken on one is still another
+        manager's on the other."""
+        kv, other = make_kv_manager(8, 2), make_kv_manager(8, 2)
+        with pytest.raises(StaleMatch):
+            kv.allocate(1, [1, 2, 3], 3, match=other.match_prefix([1, 2, 3]))
+        assert kv.stats().pages_in_use == 0
+
     # -- pages in flight ---------------------------------------------------------------------
 
     @pytest.mark.spec("KVM-036", "KVM-021")
@@ -262,6 +273,48 @@ class KVMatchSuite:
         kv.free(2)
         match = kv.match_prefix(sharing(3, 7))
         assert (match.num_cached_tokens, match.num_in_flight_tokens) == (0, 0)
+
+    @pytest.mark.spec("KVM-036")
+    @CACHING
+    def test_pages_found_already_published_are_not_in_flight(
+        self, make_kv_manager: MakeKVManager
+    ) -> None:
+        """Sequence 2 computes the same prompt as sequence 1 and commits after it: its pages
+        were found already published, so none is in flight, also once sequence 1's pages
+        are evicted (whether sequence 2's own pages were published beside them or not is the
+        ``duplicates`` variant, KVM-051: either way they are hits or nothing)."""
+        kv = make_kv_manager(10, SIZE)
+        kv.allocate(1, LIVE_PROMPT, len(LIVE_PROMPT))
+        kv.allocate(2, LIVE_PROMPT, len(LIVE_PROMPT))
+        kv.commit(1, list(LIVE_PROMPT))
+        kv.commit(2, list(LIVE_PROMPT))
+        kv.free(1)
+        kv.allocate(3, tokens(900, 6 * SIZE), 6 * SIZE)  # evicts what sequence 1 left cached
+        assert kv.stats().evictions == 3
+        match = kv.match_prefix(sharing(3, 7))
+        assert match.num_in_flight_tokens == 0
+        assert match.num_cached_tokens == kv.cached_prefix_length(sharing(3, 7))
+        kv.check_invariants()
+
+    @pytest.mark.spec("KVM-036", "KVM-031")
+    @CACHING
+    def test_a_partly_committed_shared_prompt_stays_consistent(
+        self, make_kv_manager: MakeKVManager
+    ) -> None:
+        """Two sequences computing the same prompt, one committing part of it, the other
+        freed: the committed page is a hit, the rest in flight, and check_invariants passes
+        after every call."""
+        kv = in_flight_manager(make_kv_manager)
+        kv.allocate(2, LIVE_PROMPT, SIZE + 1)
+        kv.check_invariants()
+        kv.commit(2, list(LIVE_PROMPT[: SIZE + 1]))
+        kv.check_invariants()
+        kv.free(1)
+        kv.check_invariants()
+        match = kv.match_prefix(sharing(3, 7))
+        assert (match.num_cached_tokens, match.num_in_flight_tokens) == (SIZE, 2 * SIZE)
+        kv.free(2)
+        kv.check_invariants()
 
     @pytest.mark.spec("KVM-036", "KVM-029")
     def test_nothing_is_in_flight_without_prefix_caching(

@@ -2,7 +2,8 @@
 
 After every step it checks that no page leaked and the engine's and KVManager's invariants
 hold; every request that finishes must produce what it produces when run alone (greedy: the
-hash model's solo decode; seeded sampling: a solo run on a fresh engine).
+hash model's solo decode; seeded sampling: a solo run on a fresh engine, and every sampled token
+one that the filters, written from their definitions, keep).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from pagedkv.engine.outputs import FinishReason, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.interfaces import Backend
+from pagedkv.testing.hash_runner import hash_logits, next_token
 
 from .engine_harness import VOCAB, EngineUnderTest, build_engine, solo_greedy
+from .sampling_reference import allowed_tokens
 
 PREFIXES = ([5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 5], [42])
 
@@ -91,6 +94,11 @@ class EngineMachine(RuleBasedStateMachine):
         else:
             (alone,) = engine_config(self.backend).run([prompt], params, cache_salt=salt)
             assert output.token_ids == alone.token_ids
+            context = list(prompt)
+            for token in output.token_ids:  # against the filters' definitions, not itself
+                logits = hash_logits(next_token(context, VOCAB), VOCAB).tolist()
+                assert token in allowed_tokens(logits, params), (token, context, params)
+                context.append(token)
 
     @invariant()
     def bookkeeping_holds(self) -> None:
@@ -110,7 +118,7 @@ class EngineMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.requires("engine")
-@pytest.mark.spec("ENG-002", "ENG-012", "ENG-015", "ENG-032", "ENG-041")
+@pytest.mark.spec("ENG-002", "ENG-012", "ENG-015", "ENG-032", "ENG-040", "ENG-041")
 def test_engine_state_machine(backend: Backend) -> None:
     """Random add/step/abort sequences keep outputs exact and leak no page."""
     machine: Any = type("EngineMachineUnderTest", (EngineMachine,), {"backend": backend})

@@ -229,3 +229,17 @@ def test_plan_attention_covers_every_row_once() -> None:
     )
     rows = torch.cat([g.rows for g in layout.groups]).sort().values
     assert rows.tolist() == list(range(8))
+
+
+@pytest.mark.spec("PST-015")
+def test_a_chunk_longer_than_the_row_bound_runs_alone() -> None:
+    """Equal chunks each longer than ``group_rows`` share no call: one call per chunk."""
+    starts, contexts = [0, 8, 16], [8, 8]
+    layout = plan_attention(
+        starts,
+        contexts,
+        lambda seqs, width: torch.zeros(len(seqs), width, dtype=torch.int64),
+        torch.device("cpu"),
+        group_rows=4,
+    )
+    assert [g.num_seqs for g in layout.groups] == [1, 1]

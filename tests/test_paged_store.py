@@ -20,11 +20,14 @@ from hypothesis import strategies as st
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, KVManagerConfig, PagedStore, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
-from pagedkv.store.paged_store import TorchPagedStore, bytes_per_page, pages_for_budget
+from pagedkv.store.paged_store import (
+    TorchPagedStore,
+    bytes_per_page,
+    pages_for_budget,
+    torch_device,
+)
 from pagedkv.testing.tiny_qwen3 import one_torch_thread
-
-#: Max abs difference allowed between float32 paged attention and the float64 reference.
-ATOL = 1e-5
+from pagedkv_conformance.store_harness import ATOL, dense_reference
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -32,28 +35,6 @@ def _one_torch_thread() -> Iterator[None]:
     """Tiny tensors: one intra-op thread is faster, and much faster on a loaded machine."""
     with one_torch_thread():
         yield
-
-
-def dense_reference(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Causal attention of ``query`` ``[q, H, D]`` as the last q of ``key``'s ``n`` positions.
-
-    ``key`` and ``value`` are ``[n, KV, D]``.
-
-    Float64, explicit mask, explicit GQA head repetition: independent of the store's code path.
-    """
-    q_len, heads, _ = query.shape
-    ctx = key.shape[0]
-    groups = heads // key.shape[1]
-    q = query.double().transpose(0, 1)
-    k = key.double().repeat_interleave(groups, dim=1).transpose(0, 1)
-    v = value.double().repeat_interleave(groups, dim=1).transpose(0, 1)
-    scores = q @ k.transpose(1, 2) * scale  # [H, q, n]
-    rows = torch.arange(q_len)[:, None] + (ctx - q_len)
-    allowed = torch.arange(ctx)[None, :] <= rows
-    scores = scores.masked_fill(~allowed, -math.inf)
-    return (scores.softmax(-1) @ v).transpose(0, 1)
 
 
 def make_store(
@@ -151,7 +132,7 @@ class Harness:
         contexts = [self.length(s) for s in seqs]
         batch = batch_for(tables, q_lens, contexts)
         query = torch.randn(sum(q_lens), heads, cfg.head_dim, generator=self.generator)
-        scale = cfg.head_dim**-0.5
+        scale = 0.3  # not head_dim ** -0.5: the scale given must be the one used
         for layer in range(cfg.num_layers):
             out = self.store.attention(layer, query, self.store.prepare(batch), scale)
             assert out.shape == query.shape
@@ -443,3 +424,38 @@ def test_random_programs_match_the_dense_reference(
         for s in seqs
     ]
     harness.check_attention(seqs, q_lens, heads=kv_heads * groups)
+
+
+@pytest.mark.spec("PST-002")
+def test_a_budget_of_exactly_one_page_buys_one_page() -> None:
+    config = StoreConfig(num_layers=1, num_kv_heads=1, head_dim=4, page_size=2, num_pages=9)
+    per_page = bytes_per_page(config)
+    assert pages_for_budget(config, per_page) == 1
+    assert TorchPagedStore.from_budget(config, 2 * per_page - 1).config.num_pages == 1
+
+
+@pytest.mark.spec("PST-003")
+def test_devices_are_checked_when_the_store_is_built() -> None:
+    with pytest.raises(InvalidRequest, match="device"):
+        torch_device("not-a-device")
+    assert torch_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidRequest, match="CUDA"):
+            TorchPagedStore(StoreConfig(1, 1, 4, 2, 2, device="cuda"))
+
+
+@pytest.mark.spec("PST-010")
+def test_a_bfloat16_pool_attends_a_float32_query_in_float32() -> None:
+    """K/V are cast to the query's dtype: the result is float32 and close to the reference
+    computed on the bfloat16-rounded K/V."""
+    store = TorchPagedStore(StoreConfig(1, 2, 8, 4, 4, dtype="bfloat16"))
+    gen = torch.Generator().manual_seed(3)
+    k, v = torch.randn(6, 2, 8, generator=gen), torch.randn(6, 2, 8, generator=gen)
+    store.write(0, torch.arange(6), k, v)
+    query = torch.randn(2, 4, 8, generator=gen)
+    for q_lens in ([2], [1]):
+        batch = batch_for([(0, 1)], q_lens, [6])
+        out = store.attention(0, query[: q_lens[0]], store.prepare(batch), 0.3)
+        assert out.dtype == torch.float32
+        want = dense_reference(query[: q_lens[0]], k.bfloat16(), v.bfloat16(), 0.3)
+        torch.testing.assert_close(out.double(), want, atol=ATOL, rtol=0)

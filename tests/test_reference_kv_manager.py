@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import pytest
 
-from pagedkv.errors import InvariantViolation
+import pagedkv.kv.manager as manager_module
+from pagedkv.errors import DoubleFree, InvariantViolation, UnknownSequence
 from pagedkv.interfaces import KVManagerConfig
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.kv.prefix_index import HashFn, PrefixEntry
@@ -175,3 +176,41 @@ def test_reference_kv_manager_never_imports_torch() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", f"torch modules imported: {result.stdout}"
+
+
+@pytest.mark.spec("KVM-013")
+def test_freed_ids_are_remembered_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference remembers the most recently freed ids (to tell a double free from an
+    unknown id) up to a bound, forgetting the oldest first."""
+    monkeypatch.setattr(manager_module, "FREED_IDS_REMEMBERED", 3)
+    kv = ReferenceKVManager(KVManagerConfig(8, 2))
+    for seq_id in (0, 1, 2, 0, 3):  # id 0 is allocated again: freed last, remembered longest
+        kv.allocate(seq_id, [seq_id], 1)
+        kv.free(seq_id)
+    for remembered in (3, 2, 0):
+        with pytest.raises(DoubleFree):
+            kv.free(remembered)
+    with pytest.raises(UnknownSequence) as forgotten:
+        kv.free(1)
+    assert not isinstance(forgotten.value, DoubleFree)
+
+
+@pytest.mark.spec("KVM-039", "KVM-050")
+def test_a_shared_page_published_under_an_evicted_parent_breaks_the_later_chain() -> None:
+    """Page size 1. Sequence 2, forked from 1, commits the shared pages first, the first one
+    meeting sequence 3's entry for ``[1]`` (kept once), so it publishes ``[1, 2]`` under that
+    entry. Sequence 3's page is then evicted. Sequence 1, committing next, publishes ``[1]``
+    again on its own page, and finds on its shared page an entry whose parent is the evicted
+    one: not the next link of its chain, so (``orphans=block``) it publishes nothing more."""
+    kv = ReferenceKVManager(KVManagerConfig(6, 1))
+    kv.allocate(1, [1, 2, 3, 9], 4)
+    kv.allocate(3, [1, 8], 2)
+    assert kv.commit(3, [1]) == 1
+    kv.fork(1, 2)
+    assert kv.commit(2, [1, 2]) == 1  # [1] kept once: sequence 3's entry
+    kv.free(3)
+    kv.allocate(4, [7, 7], 2)  # takes the free page and evicts sequence 3's cached one
+    assert kv.stats().evictions == 1
+    assert kv.commit(1, [1, 2, 3]) == 1  # [1] on its own page; the chain stops at [1, 2]
+    assert kv.cached_prefix_length([1, 2, 3, 4]) == 1
+    kv.check_invariants()

@@ -49,6 +49,14 @@ class ReferenceBackend:
         {"prefix_caching", "eviction", "reset", "fork", "paged_store", "model", "engine", "cuda"}
     )
 
+    @property
+    def variants(self) -> dict[str, str]:
+        """Choices where backends may differ (``pagedkv_conformance.variants``), read by the
+        conformance suite: an entry orphaned by its parent's eviction blocks its key in the
+        chained-hash index and is detached in the radix tree (KVM-050). Every other variant
+        takes its default, which is the reference's choice."""
+        return {"orphans": "detach" if self.prefix_index == "radix" else "block"}
+
     def create_kv_manager(self, config: KVManagerConfig) -> KVManager:
         if self.prefix_index == "radix":
             index = RadixPrefixIndex(config.num_pages, config.page_size)

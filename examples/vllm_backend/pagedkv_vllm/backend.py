@@ -7,13 +7,15 @@ Two factories, one per way vLLM's scheduler drives its KV cache manager (see
 * :func:`deferred_backend`: blocks published by pagedkv's ``commit`` (vLLM's
   ``delay_cache_blocks`` / ``cache_blocks`` path, used for asynchronously loaded KV).
 
-Each declares the capabilities it honestly has and, as data, the named variants of pagedkv's
-requirements that vLLM follows (:mod:`pagedkv_vllm.variants`), so the suite can hold it to
-the declared choice once it knows how.
+Each declares the capabilities it honestly has and, as data, its choice in each of the suite's
+variants where vLLM differs from pagedkv's reference (``pagedkv_conformance.variants``; the
+reasons are in :mod:`pagedkv_vllm.variants`): the suite follows a choice it models and runs the
+tests a departure makes fail as strict expected failures naming it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pagedkv.interfaces import KVManager, KVManagerConfig
@@ -31,13 +33,13 @@ class VLLMBackend:
         publish: when vLLM publishes a full block to its prefix cache.
         capabilities: prefix caching, LRU eviction and reset: vLLM has all three. No engine,
             model runner or paged store: the adapter covers the KV cache manager alone.
-        variants: names of the variant requirements vLLM follows instead of pagedkv's default
-            (keys of :data:`pagedkv_vllm.variants.VARIANTS`).
+        variants: vLLM's choice in each variant of the suite where it differs from the
+            reference (``{"publication": "on-schedule", ...}``).
     """
 
     name: str
     publish: Publish
-    variants: frozenset[str]
+    variants: Mapping[str, str]
     capabilities: frozenset[str] = frozenset({"prefix_caching", "eviction", "reset"})
 
     def create_kv_manager(self, config: KVManagerConfig) -> KVManager:

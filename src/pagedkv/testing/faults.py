@@ -128,13 +128,15 @@ class TracingHashRunner(HashRunner):
         self.keys: list[tuple[tuple[int, ...], ...]] = []
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        contexts = self.contexts(plan)
+        contexts, positions = self.read_contexts(plan)
         self.keys.append(tuple(tuple(c[: self.key_len]) for c in contexts))
-        return self.logits_of(contexts)
+        return self.logits_of(contexts, positions)
 
-    def logits_of(self, contexts: list[list[int]]) -> torch.Tensor:
-        """The logits of a call whose sequences have these contexts."""
-        return self.peaked_logits([next_token(c, self.vocab_size) for c in contexts])
+    def logits_of(self, contexts: list[list[int]], positions: list[list[int]]) -> torch.Tensor:
+        """The logits of a call whose sequences have these contexts, fed at these positions."""
+        return self.peaked_logits(
+            [next_token(c, self.vocab_size, p) for c, p in zip(contexts, positions, strict=True)]
+        )
 
 
 def out_of_tries(
@@ -211,7 +213,7 @@ class PoisonedRunner(TracingHashRunner):
         self.poisoned_steps = 0
         self.raised: list[int] = []
 
-    def logits_of(self, contexts: list[list[int]]) -> torch.Tensor:
+    def logits_of(self, contexts: list[list[int]], positions: list[list[int]]) -> torch.Tensor:
         at, end = self.poison_at, self.poison_at + len(self.poison)
         poisoned = [tuple(c[at:end]) == self.poison for c in contexts]
         if any(poisoned):
@@ -219,7 +221,7 @@ class PoisonedRunner(TracingHashRunner):
             if self.kind == "raise":
                 self.raised.append(len(self.keys) - 1)
                 raise InjectedFault("a poisoned sequence is in the step")
-        logits = super().logits_of(contexts)
+        logits = super().logits_of(contexts, positions)
         rows = torch.tensor(poisoned, dtype=torch.bool)
         if self.kind == "nan":
             logits[rows] = float("nan")

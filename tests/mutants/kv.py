@@ -1,21 +1,16 @@
-"""Deliberately broken KVManagers, each behind a backend factory, to prove the conformance
-suite can fail.
+"""Deliberately broken KVManagers: the reference KVManager with one small, plausible bug each.
 
-Each mutant is the reference KVManager with one small, plausible bug. Their
-``check_invariants`` is as blind as the bug (it always passes), so the suite must catch them by
-behaviour seen through the Protocol alone, as it would a third-party backend.
-``tests/test_mutants.py`` runs the suite against each (``--backend mutants:<factory>``, with
-``tests/`` on ``PYTHONPATH``) and expects failures.
+Their ``check_invariants`` is as blind as the bug (it always passes), so the suite must catch
+them by behaviour seen through the Protocol alone, as it would a third-party backend.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from pagedkv.errors import OutOfPages
-from pagedkv.interfaces import Allocation, KVManager, KVManagerConfig, PageTable, PrefixMatch
+from pagedkv.interfaces import Allocation, KVManagerConfig, PageTable, PrefixMatch
 from pagedkv.kv.manager import ReferenceKVManager, SequenceState
 from pagedkv.kv.page_pool import PagePool
 from pagedkv.kv.prefix_index import PrefixEntry, PrefixIndex
@@ -229,89 +224,31 @@ class StaleMatchTaken(_Mutant):
         """Trusts the match."""
 
 
-@dataclass(frozen=True)
-class MutantBackend:
-    """A backend whose KVManager is one mutant."""
+class EmptyLookupIsZero(_Mutant):
+    """(l) cached_prefix_length answers 0 for an empty prompt instead of raising (KVM-003)."""
 
-    name: str
-    manager: type[ReferenceKVManager]
-    capabilities: frozenset[str] = frozenset({"prefix_caching", "eviction", "reset"})
-
-    def create_kv_manager(self, config: KVManagerConfig) -> KVManager:
-        return self.manager(config)
+    def cached_prefix_length(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        if not token_ids:
+            return 0
+        return super().cached_prefix_length(token_ids, cache_salt)
 
 
-def leak_on_free() -> MutantBackend:
-    return MutantBackend("mutant: leak on free", LeakOnFree)
+class _IdentitySaltIndex(PrefixIndex):
+    """Verifies a hit's salt by identity (``is``) instead of equality."""
+
+    def match(
+        self, token_ids: Sequence[int], salt: str | None, max_pages: int
+    ) -> list[PrefixEntry]:
+        chain = super().match(token_ids, salt, max_pages)
+        for i, entry in enumerate(chain):
+            if entry.cache_salt is not salt:
+                return chain[:i]
+        return chain
 
 
-def free_shared_page() -> MutantBackend:
-    return MutantBackend("mutant: free a shared page", FreeSharedPage)
+class SaltByIdentity(_Mutant):
+    """(m) salts are compared as objects: an equal salt built at run time misses (KVM-028)."""
 
-
-def publish_before_commit() -> MutantBackend:
-    return MutantBackend("mutant: publish before commit", PublishBeforeCommit)
-
-
-def mru_eviction() -> MutantBackend:
-    return MutantBackend("mutant: evict the most recently used", MruEviction)
-
-
-def evict_own_hits() -> MutantBackend:
-    return MutantBackend("mutant: evict the allocation's own hits", EvictOwnHits)
-
-
-def parent_first_free() -> MutantBackend:
-    return MutantBackend("mutant: queue the parent before the tail", ParentFirstFree)
-
-
-def salt_blind() -> MutantBackend:
-    return MutantBackend("mutant: ignore the salt", SaltBlind)
-
-
-def unverified_hash() -> MutantBackend:
-    return MutantBackend("mutant: trust a weak hash", UnverifiedHash)
-
-
-def partial_grow() -> MutantBackend:
-    return MutantBackend("mutant: keep pages of a failed grow", PartialGrow)
-
-
-def in_flight_blind() -> MutantBackend:
-    return MutantBackend("mutant: report no page in flight", InFlightBlind)
-
-
-def stale_match_taken() -> MutantBackend:
-    return MutantBackend("mutant: allocate from a stale match", StaleMatchTaken)
-
-
-#: Every mutant factory, by the name ``--backend mutants:<name>`` takes.
-MUTANTS: dict[str, Callable[[], MutantBackend]] = {
-    f.__name__: f
-    for f in (
-        leak_on_free,
-        free_shared_page,
-        publish_before_commit,
-        mru_eviction,
-        evict_own_hits,
-        parent_first_free,
-        salt_blind,
-        unverified_hash,
-        partial_grow,
-        in_flight_blind,
-        stale_match_taken,
-    )
-}
-
-
-# -- backends that are not what they claim, for the plugin's own checks --------------------
-
-
-def not_a_backend() -> object:
-    """A factory whose result lacks the Backend attributes: a usage error."""
-    return object()
-
-
-def no_capabilities() -> MutantBackend:
-    """The reference KVManager declaring no capability: every ``requires`` test is skipped."""
-    return MutantBackend("reference without capabilities", ReferenceKVManager, frozenset())
+    def __init__(self, config: KVManagerConfig) -> None:
+        super().__init__(config)
+        self.index = _IdentitySaltIndex(config.num_pages, config.page_size)

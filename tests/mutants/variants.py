@@ -1,0 +1,103 @@
+"""Correct KVManagers whose choice in a room of the spec (KVM-050) differs from the reference's.
+
+They must pass the suite when they declare their choice, and fail when they declare another:
+the oracle follows the declaration, never one implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedkv.interfaces import KVManagerConfig
+from pagedkv.kv.manager import ReferenceKVManager
+from pagedkv.kv.prefix_index import PrefixEntry
+from pagedkv.kv.radix_index import RadixPrefixIndex
+
+#: (salt, every token id from the start of the prompt to the end of the page)
+_Key = tuple[str | None, tuple[int, ...]]
+
+
+def _whole_prefix(entry: PrefixEntry) -> tuple[int, ...]:
+    """Every token of ``entry``'s chain, its own page last (parents stay reachable even once
+    evicted: an entry keeps a reference to its parent)."""
+    parts: list[tuple[int, ...]] = []
+    node: PrefixEntry | None = entry
+    while node is not None:
+        parts.append(node.token_ids)
+        node = node.parent
+    return tuple(t for part in reversed(parts) for t in part)
+
+
+class WholePrefixIndex:
+    """A prefix index keyed by the whole token prefix and the salt, as a dict.
+
+    A hit is verified by construction (the key is the whole prefix), and an entry whose parent
+    was evicted is found again once the parent's tokens are published again: its K/V are still
+    those of that prefix. That is the ``reattach`` choice of KVM-050.
+    """
+
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        self.page_size = page_size
+        self._by_key: dict[_Key, PrefixEntry] = {}
+        self._by_page: list[PrefixEntry | None] = [None] * num_pages
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def entry_of(self, page: int) -> PrefixEntry | None:
+        return self._by_page[page]
+
+    def entries(self) -> list[PrefixEntry]:
+        return list(self._by_key.values())
+
+    def match(
+        self, token_ids: Sequence[int], salt: str | None, max_pages: int
+    ) -> list[PrefixEntry]:
+        size = self.page_size
+        chain: list[PrefixEntry] = []
+        for i in range(min(max_pages, len(token_ids) // size)):
+            entry = self._by_key.get((salt, tuple(token_ids[: (i + 1) * size])))
+            if entry is None:
+                break
+            chain.append(entry)
+        return chain
+
+    def publish(
+        self, page: int, parent: PrefixEntry | None, token_ids: tuple[int, ...], salt: str | None
+    ) -> PrefixEntry | None:
+        prefix = () if parent is None else _whole_prefix(parent)
+        key = (salt, prefix + token_ids)
+        existing = self._by_key.get(key)
+        if existing is not None:
+            return existing
+        entry = PrefixEntry(
+            key=hash(key), page=page, token_ids=token_ids, cache_salt=salt, parent=parent
+        )
+        self._by_key[key] = entry
+        self._by_page[page] = entry
+        return entry
+
+    def remove_page(self, page: int) -> None:
+        entry = self._by_page[page]
+        if entry is None:
+            return
+        self._by_page[page] = None
+        del self._by_key[(entry.cache_salt, _whole_prefix(entry))]
+
+    def clear(self) -> None:
+        self._by_key.clear()
+        self._by_page = [None] * len(self._by_page)
+
+
+class ReattachingKVManager(ReferenceKVManager):
+    """The reference KVManager over :class:`WholePrefixIndex` (``orphans = reattach``)."""
+
+    def __init__(self, config: KVManagerConfig) -> None:
+        super().__init__(config, index=WholePrefixIndex(config.num_pages, config.page_size))
+
+
+class RadixKVManager(ReferenceKVManager):
+    """The reference KVManager over the radix tree (``orphans = detach``)."""
+
+    def __init__(self, config: KVManagerConfig) -> None:
+        super().__init__(config, index=RadixPrefixIndex(config.num_pages, config.page_size))
