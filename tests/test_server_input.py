@@ -125,6 +125,11 @@ def test_detokenize_and_errors(server: Running, tokenizer: Tokenizer) -> None:
     assert response.json() == {"prompt": tokenizer.decode(ids)}
     assert error_of(post_json(f"{server.url}/detokenize", {"tokens": [-1]}), 400)
     assert error_of(post_json(f"{server.url}/detokenize", {"tokens": [2**40]}), 400)
+    # a negative prompt id, echoed, once reached the tokenizer's decode and was a 500
+    completions = f"{server.url}/v1/completions"
+    for prompt in ([-1], [[5, -1]], [2**40]):
+        body = {"prompt": prompt, "echo": True, "max_tokens": 1}
+        assert error_of(post_json(completions, body), 400)
     wrong = post_json(f"{server.url}/tokenize", {"model": "other", "prompt": "x"})
     assert error_of(wrong, 404)["param"] == "model"
     assert error_of(post_json(f"{server.url}/tokenize", {"prompt": 5}), 400)

@@ -109,7 +109,7 @@ class CompletionRequest(SamplingFields):
             tokens first in the log-probabilities, the first one without a value).
     """
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: int | None = None
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
