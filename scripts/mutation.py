@@ -103,6 +103,7 @@ PACKAGES: dict[str, Package] = {
             (
                 "tests/test_scheduler.py",
                 "tests/test_parallel_without_fork.py",
+                "tests/test_prompt_logprobs.py",
                 "tests/test_engine_faults.py",
                 "conformance/test_engine.py",
                 "conformance/test_engine_parallel.py",
