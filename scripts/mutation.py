@@ -44,6 +44,30 @@ class Package:
     tests: tuple[str, ...]
 
 
+#: The tests of engine/ (sampler, scheduler and the engine itself): mutmut runs, for each
+#: mutant, those that call the mutated function. Not here, for time: the engine state machine
+#: (30 s a run under the mutation profile), the real-model cases and the server's tests; they
+#: check the same engine code as these, through more sequences or through HTTP.
+ENGINE_TESTS = (
+    "tests/test_scheduler.py",
+    "tests/test_parallel_without_fork.py",
+    "tests/test_prompt_logprobs.py",
+    "tests/test_engine_api.py",
+    "tests/test_engine_metrics.py",
+    "tests/test_engine_faults.py",
+    "tests/test_engine_sampling.py",
+    "tests/test_sampler.py",
+    "tests/test_sampling_controls.py",
+    "tests/test_detokenizer.py",
+    "tests/test_model_dir_files.py",
+    "tests/test_hf_conventions.py",
+    "conformance/test_engine.py",
+    "conformance/test_engine_text.py",
+    "conformance/test_engine_observers.py",
+    "conformance/test_engine_isolation.py",
+    "conformance/test_engine_parallel.py",
+)
+
 PACKAGES: dict[str, Package] = {
     p.name: p
     for p in (
@@ -80,13 +104,7 @@ PACKAGES: dict[str, Package] = {
         Package(
             "sampler",
             ("src/pagedkv/engine/sampler.py", "src/pagedkv/engine/params.py"),
-            (
-                "tests/test_sampler.py",
-                "tests/test_sampling_controls.py",
-                "tests/test_engine_sampling.py",
-                "tests/test_prompt_logprobs.py",
-                "conformance/test_engine.py",
-            ),
+            ENGINE_TESTS,
         ),
         Package(
             "scheduler",
@@ -100,19 +118,7 @@ PACKAGES: dict[str, Package] = {
                     "group",
                 )
             ),
-            (
-                "tests/test_scheduler.py",
-                "tests/test_parallel_without_fork.py",
-                "tests/test_prompt_logprobs.py",
-                "tests/test_engine_faults.py",
-                "conformance/test_engine.py",
-                "conformance/test_engine_parallel.py",
-                "conformance/test_engine_isolation.py",
-                "conformance/test_engine_observers.py",
-                # Not here, for time: the engine state machine (30 s a run under the mutation
-                # profile) and the real-model cases (10 s); they check the same engine code as
-                # the example tests, through more sequences.
-            ),
+            ENGINE_TESTS,
         ),
         Package(
             "engine",
@@ -130,19 +136,7 @@ PACKAGES: dict[str, Package] = {
                     "llm",
                 )
             ),
-            (
-                "tests/test_engine_api.py",
-                "tests/test_engine_metrics.py",
-                "tests/test_engine_faults.py",
-                "tests/test_detokenizer.py",
-                "tests/test_model_dir_files.py",
-                "tests/test_hf_conventions.py",
-                "conformance/test_engine.py",
-                "conformance/test_engine_text.py",
-                "conformance/test_engine_observers.py",
-                "conformance/test_engine_isolation.py",
-                "conformance/test_engine_parallel.py",
-            ),
+            ENGINE_TESTS,
         ),
         Package(
             "runner",
@@ -154,6 +148,10 @@ PACKAGES: dict[str, Package] = {
         ),
     )
 }
+
+#: Tests that cannot run under mutmut: they list a class's methods, and mutmut adds its mutants
+#: of every method to the class.
+NOT_UNDER_MUTMUT = "not test_test_tokenizers_override_every_public_method"
 
 #: mutmut's per-mutant timeout is ``multiplier * (duration of the tests covering the mutated
 #: function) + constant`` seconds: an infinite loop is cut quickly.
@@ -173,7 +171,7 @@ def write_config(work: Path, package: Package, tests: list[str]) -> None:
         'also_copy = ["conformance/"]',
         # Error-message text is not behaviour: the suite checks the typed error, not its words.
         'do_not_mutate_patterns = ["raise [A-Za-z_.]+\\\\("]',
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]',
+        f"pytest_add_cli_args = {['-p', 'no:cacheprovider', '-q', '-x', '-k', NOT_UNDER_MUTMUT]!r}",
         f"pytest_add_cli_args_test_selection = {tests!r}",
         f"timeout_multiplier = {TIMEOUT_MULTIPLIER}",
         f"timeout_constant = {TIMEOUT_CONSTANT}",
