@@ -50,6 +50,7 @@ class Package:
 #: check the same engine code as these, through more sequences or through HTTP.
 ENGINE_TESTS = (
     "tests/test_scheduler.py",
+    "tests/test_scheduler_edges.py",
     "tests/test_parallel_without_fork.py",
     "tests/test_prompt_logprobs.py",
     "tests/test_engine_api.py",
