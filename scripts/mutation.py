@@ -7,7 +7,8 @@ all mutants) and lists the surviving mutants with their diff; a survivor listed 
 ``conformance/mutation-equivalents.toml`` is shown with the reason it is equivalent, and only
 the others count as untriaged.
 
-    python scripts/mutation.py                 # every package
+    python scripts/mutation.py                 # every package but runner
+    python scripts/mutation.py runner          # the model runner (slow: compiled decode steps)
     python scripts/mutation.py kv store        # some of them
     python scripts/mutation.py --tests-from DIR  # tests (tests/, conformance/) of another tree
 
@@ -153,6 +154,10 @@ PACKAGES: dict[str, Package] = {
 #: Tests that cannot run under mutmut: they list a class's methods, and mutmut adds its mutants
 #: of every method to the class.
 NOT_UNDER_MUTMUT = "not test_test_tokenizers_override_every_public_method"
+
+#: Packages mutated only when named: the runner's tests load checkpoints and compile decode
+#: steps (torch.compile), minutes per mutant on 2 cores.
+ON_REQUEST = frozenset({"runner"})
 
 #: mutmut's per-mutant timeout is ``multiplier * (duration of the tests covering the mutated
 #: function) + constant`` seconds: an infinite loop is cut quickly.
@@ -389,7 +394,7 @@ def main() -> int:
         "--only", metavar="GLOB", help="mutate only the package files matching GLOB"
     )
     args = parser.parse_args()
-    names = args.packages or list(PACKAGES)
+    names = args.packages or [name for name in PACKAGES if name not in ON_REQUEST]
     equivalents = load_equivalents()
     started = time.monotonic()
     results = {
