@@ -7,7 +7,8 @@ all mutants) and lists the surviving mutants with their diff; a survivor listed 
 ``conformance/mutation-equivalents.toml`` is shown with the reason it is equivalent, and only
 the others count as untriaged.
 
-    python scripts/mutation.py                 # every package
+    python scripts/mutation.py                 # every package but runner
+    python scripts/mutation.py runner          # the model runner (slow: compiled decode steps)
     python scripts/mutation.py kv store        # some of them
     python scripts/mutation.py --tests-from DIR  # tests (tests/, conformance/) of another tree
 
@@ -43,6 +44,32 @@ class Package:
     files: tuple[str, ...]
     tests: tuple[str, ...]
 
+
+#: The tests of engine/ (sampler, scheduler and the engine itself): mutmut runs, for each
+#: mutant, those that call the mutated function. Not here, for time: the engine state machine
+#: (30 s a run under the mutation profile), the real-model cases and the server's tests; they
+#: check the same engine code as these, through more sequences or through HTTP.
+ENGINE_TESTS = (
+    "tests/test_scheduler.py",
+    "tests/test_scheduler_edges.py",
+    "tests/test_parallel_without_fork.py",
+    "tests/test_prompt_logprobs.py",
+    "tests/test_engine_api.py",
+    "tests/test_engine_metrics.py",
+    "tests/test_engine_faults.py",
+    "tests/test_engine_sampling.py",
+    "tests/test_sampler.py",
+    "tests/test_sampling_controls.py",
+    "tests/test_detokenizer.py",
+    "tests/test_model_dir_files.py",
+    "tests/test_hf_conventions.py",
+    "tests/test_vllm_api.py",
+    "conformance/test_engine.py",
+    "conformance/test_engine_text.py",
+    "conformance/test_engine_observers.py",
+    "conformance/test_engine_isolation.py",
+    "conformance/test_engine_parallel.py",
+)
 
 PACKAGES: dict[str, Package] = {
     p.name: p
@@ -80,13 +107,7 @@ PACKAGES: dict[str, Package] = {
         Package(
             "sampler",
             ("src/pagedkv/engine/sampler.py", "src/pagedkv/engine/params.py"),
-            (
-                "tests/test_sampler.py",
-                "tests/test_sampling_controls.py",
-                "tests/test_engine_sampling.py",
-                "tests/test_prompt_logprobs.py",
-                "conformance/test_engine.py",
-            ),
+            ENGINE_TESTS,
         ),
         Package(
             "scheduler",
@@ -100,18 +121,7 @@ PACKAGES: dict[str, Package] = {
                     "group",
                 )
             ),
-            (
-                "tests/test_scheduler.py",
-                "tests/test_parallel_without_fork.py",
-                "tests/test_engine_faults.py",
-                "conformance/test_engine.py",
-                "conformance/test_engine_parallel.py",
-                "conformance/test_engine_isolation.py",
-                "conformance/test_engine_observers.py",
-                # Not here, for time: the engine state machine (30 s a run under the mutation
-                # profile) and the real-model cases (10 s); they check the same engine code as
-                # the example tests, through more sequences.
-            ),
+            ENGINE_TESTS,
         ),
         Package(
             "engine",
@@ -129,19 +139,7 @@ PACKAGES: dict[str, Package] = {
                     "llm",
                 )
             ),
-            (
-                "tests/test_engine_api.py",
-                "tests/test_engine_metrics.py",
-                "tests/test_engine_faults.py",
-                "tests/test_detokenizer.py",
-                "tests/test_model_dir_files.py",
-                "tests/test_hf_conventions.py",
-                "conformance/test_engine.py",
-                "conformance/test_engine_text.py",
-                "conformance/test_engine_observers.py",
-                "conformance/test_engine_isolation.py",
-                "conformance/test_engine_parallel.py",
-            ),
+            ENGINE_TESTS,
         ),
         Package(
             "runner",
@@ -153,6 +151,14 @@ PACKAGES: dict[str, Package] = {
         ),
     )
 }
+
+#: Tests that cannot run under mutmut: they list a class's methods, and mutmut adds its mutants
+#: of every method to the class.
+NOT_UNDER_MUTMUT = "not test_test_tokenizers_override_every_public_method"
+
+#: Packages mutated only when named: the runner's tests load checkpoints and compile decode
+#: steps (torch.compile), minutes per mutant on 2 cores.
+ON_REQUEST = frozenset({"runner"})
 
 #: mutmut's per-mutant timeout is ``multiplier * (duration of the tests covering the mutated
 #: function) + constant`` seconds: an infinite loop is cut quickly.
@@ -172,7 +178,7 @@ def write_config(work: Path, package: Package, tests: list[str]) -> None:
         'also_copy = ["conformance/"]',
         # Error-message text is not behaviour: the suite checks the typed error, not its words.
         'do_not_mutate_patterns = ["raise [A-Za-z_.]+\\\\("]',
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]',
+        f"pytest_add_cli_args = {['-p', 'no:cacheprovider', '-q', '-x', '-k', NOT_UNDER_MUTMUT]!r}",
         f"pytest_add_cli_args_test_selection = {tests!r}",
         f"timeout_multiplier = {TIMEOUT_MULTIPLIER}",
         f"timeout_constant = {TIMEOUT_CONSTANT}",
@@ -389,7 +395,7 @@ def main() -> int:
         "--only", metavar="GLOB", help="mutate only the package files matching GLOB"
     )
     args = parser.parse_args()
-    names = args.packages or list(PACKAGES)
+    names = args.packages or [name for name in PACKAGES if name not in ON_REQUEST]
     equivalents = load_equivalents()
     started = time.monotonic()
     results = {

@@ -1,0 +1,76 @@
+"""The scheduler's edges that the conformance suite reaches only through whole workloads:
+forks stopped by their first token, forks that are not preemptions, preemption counters and stop
+reasons (specs/engine.md). Over the hash stand-in model."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedkv.backend import reference_backend
+from pagedkv.engine.config import EngineConfig
+from pagedkv.engine.engine import LLMEngine
+from pagedkv.engine.llm import run_to_completion
+from pagedkv.engine.outputs import FinishReason
+from pagedkv.engine.params import SamplingParams
+from pagedkv.testing.hash_runner import HashRunner, next_token
+
+VOCAB = 64
+
+
+def engine(mode: str = "v1", **fields: int) -> LLMEngine:
+    config = EngineConfig(**{"page_size": 4, "num_pages": 32, **fields}, mode=mode)  # type: ignore[arg-type]
+    built = reference_backend().create_engine(HashRunner(VOCAB, config.num_pages, 4), config)
+    assert isinstance(built, LLMEngine)
+    return built
+
+
+@pytest.mark.spec("ENG-047", "ENG-042")
+@pytest.mark.parametrize("mode", ["v1", "v0"])
+def test_completions_stopped_by_their_first_token_finish_there(mode: str) -> None:
+    """n samples of one token each: every completion ends after its first token with reason
+    length, none is preempted or left running."""
+    eut = engine(mode)
+    params = SamplingParams(n=3, max_tokens=1, temperature=1.0, seed=7)
+    (out,) = run_to_completion(eut, [[1, 2, 3, 4, 5]], params)
+    assert [len(c.token_ids) for c in out.outputs] == [1, 1, 1]
+    assert [c.finish_reason for c in out.outputs] == [FinishReason.LENGTH] * 3
+    assert eut.stats().preemptions == 0
+    assert not eut.has_unfinished_requests()
+
+
+@pytest.mark.spec("ENG-047", "ENG-050")
+@pytest.mark.parametrize("mode", ["v1", "v0"])
+def test_forks_that_find_room_are_not_preemptions(mode: str) -> None:
+    eut = engine(mode)
+    params = SamplingParams(n=3, max_tokens=5, temperature=1.0, seed=3)
+    (out,) = run_to_completion(eut, [[1, 2, 3, 4, 5, 6]], params)
+    assert [len(c.token_ids) for c in out.outputs] == [5, 5, 5]
+    assert eut.stats().preemptions == 0
+    assert out.metrics.preemptions == 0
+
+
+@pytest.mark.spec("ENG-031", "ENG-050")
+def test_a_preempted_request_counts_its_preemption() -> None:
+    """Two requests outgrow a pool of 5 pages: the newer is preempted once and recomputed;
+    its metrics and the engine's count say so, and every metric of both is filled in."""
+    eut = engine(num_pages=5)
+    outs = run_to_completion(eut, [[1, 2, 3, 4], [5, 6, 7, 8]], SamplingParams(max_tokens=8))
+    assert [o.metrics.preemptions for o in outs] == [0, 1]
+    assert eut.stats().preemptions == 1
+    for out in outs:
+        assert out.metrics.generated_tokens == len(out.token_ids) == 8
+        assert out.metrics.finished_time is not None
+        assert out.metrics.first_token_time is not None
+        assert out.metrics.finished_time >= out.metrics.first_token_time
+
+
+@pytest.mark.spec("ENG-042")
+def test_a_stop_token_is_the_stop_reason() -> None:
+    prompt = [1, 2, 3]
+    first = next_token(prompt, VOCAB)
+    (out,) = run_to_completion(
+        engine(), [prompt], SamplingParams(max_tokens=8, stop_token_ids=[first])
+    )
+    assert out.token_ids == (first,)
+    assert out.finish_reason is FinishReason.STOP
+    assert out.outputs[0].stop_reason == first
