@@ -11,9 +11,13 @@ the others count as untriaged.
     python scripts/mutation.py runner          # the model runner (slow: compiled decode steps)
     python scripts/mutation.py kv store        # some of them
     python scripts/mutation.py --tests-from DIR  # tests (tests/, conformance/) of another tree
+    python scripts/mutation.py kv --rerun-survivors  # only the last run's survivors, current tests
 
 ``--tests-from`` runs the same mutants against the tests of another checkout (for example
 the main branch), to compare scores before and after a change to the tests.
+``--rerun-survivors`` tests again, against the tests as they are now, only the mutants the last
+run of a package left alive: new tests can only kill more, so the score it prints is the score
+of a full run, in a fraction of its time (the sources must be those of the last run).
 """
 
 from __future__ import annotations
@@ -326,20 +330,20 @@ def run_package(
     tests_root: Path,
     jobs: int,
     equivalents: Equivalents,
-    report_only: bool,
+    mode: str,
     work: Path,
 ) -> dict[str, float]:
     tests = list(package.tests)
     started = time.monotonic()
-    if not report_only:
+    if mode == "full":
         work, tests = prepare(package, tests_root, work)
         mutmut(work, "run", "--max-children", str(jobs), log=work / "run.log")
+    elif mode == "rerun":
+        alive = [n for n, s in statuses_of(work).items() if s not in KILLED | SKIPPED]
+        if alive:
+            mutmut(work, "run", "--max-children", str(jobs), *alive, log=work / "rerun.log")
     elapsed = time.monotonic() - started
-    statuses: dict[str, str] = {}
-    for line in mutmut(work, "results", "--all", "true").splitlines():
-        match = re.match(r"\s*(\S+): (.+)$", line)
-        if match:
-            statuses[match.group(1)] = match.group(2).strip()
+    statuses = statuses_of(work)
     counted = {n: s for n, s in statuses.items() if s not in SKIPPED}
     killed = sum(1 for s in counted.values() if s in KILLED)
     survivors = sorted(n for n, s in counted.items() if s not in KILLED)
@@ -370,6 +374,16 @@ def run_package(
     }
 
 
+def statuses_of(work: Path) -> dict[str, str]:
+    """mutmut's status of every mutant of the last run in ``work``, by mutant name."""
+    statuses: dict[str, str] = {}
+    for line in mutmut(work, "results", "--all", "true").splitlines():
+        match = re.match(r"\s*(\S+): (.+)$", line)
+        if match:
+            statuses[match.group(1)] = match.group(2).strip()
+    return statuses
+
+
 def restrict(package: Package, pattern: str | None) -> Package:
     """``package`` with only the files matching ``pattern`` (all of them for ``None``)."""
     if pattern is None:
@@ -389,6 +403,11 @@ def main() -> int:
         "--report-only", action="store_true", help="report the last run's results again"
     )
     parser.add_argument(
+        "--rerun-survivors",
+        action="store_true",
+        help="test again only the last run's survivors, against the current tests",
+    )
+    parser.add_argument(
         "--build", type=Path, default=BUILD, help=f"where the runs happen (default {BUILD})"
     )
     parser.add_argument(
@@ -404,7 +423,7 @@ def main() -> int:
             args.tests_from.resolve(),
             args.jobs,
             equivalents,
-            args.report_only,
+            "report" if args.report_only else "rerun" if args.rerun_survivors else "full",
             args.build.resolve() / name,
         )
         for name in names
