@@ -32,6 +32,7 @@ from pagedkv.engine.tokenizer import Message, Tokenizer
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StepRunner
 from pagedkv.plan import StepPlan
+from pagedkv.testing.delegating_runner import DelegatingRunner
 from pagedkv.testing.hash_runner import HashRunner, next_token
 
 
@@ -39,7 +40,7 @@ class InjectedFault(RuntimeError):
     """An error a test injected."""
 
 
-class FaultyRunner:
+class FaultyRunner(DelegatingRunner):
     """A :class:`~pagedkv.interfaces.StepRunner` that runs ``inner`` then raises
     :class:`InjectedFault` on some calls.
 
@@ -68,7 +69,7 @@ class FaultyRunner:
     ) -> None:
         if not 0.0 <= rate <= 1.0:
             raise InvalidRequest(f"rate must be in [0, 1], got {rate}")
-        self.inner = inner
+        super().__init__(inner)
         self.fail_calls = frozenset(fail_calls)
         self.rate = rate
         self.max_in_a_row = max_in_a_row
@@ -77,18 +78,6 @@ class FaultyRunner:
         self.faults: list[int] = []
         self._rng = random.Random(seed)
         self._in_a_row = 0
-
-    @property
-    def device(self) -> torch.device:
-        return self.inner.device
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
-
-    @property
-    def max_positions(self) -> int | None:
-        return self.inner.max_positions
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         call = self.calls
