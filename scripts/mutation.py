@@ -340,6 +340,8 @@ def run_package(
         mutmut(work, "run", "--max-children", str(jobs), log=work / "run.log")
     elif mode == "rerun":
         alive = [n for n, s in statuses_of(work).items() if s not in KILLED | SKIPPED]
+        tests = [t for t in package.tests if (work / t.split("::")[0]).exists()]
+        write_config(work, package, tests)  # the package's selection as it is now
         if alive:
             mutmut(work, "run", "--max-children", str(jobs), *alive, log=work / "rerun.log")
     elapsed = time.monotonic() - started
