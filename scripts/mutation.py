@@ -91,6 +91,7 @@ PACKAGES: dict[str, Package] = {
             (
                 "tests/test_reference_kv_manager.py",
                 "tests/test_radix_index.py",
+                "tests/test_in_flight.py",
                 "conformance/test_kv_manager.py",
                 "conformance/test_kv_match.py",
                 "conformance/test_kv_fork.py",

@@ -33,6 +33,21 @@ def test_a_healthy_tree_checks_clean_and_counts() -> None:
     assert pages.count(PROMPT, None, 1, 2) == 1
 
 
+@pytest.mark.spec("KVM-036")
+def test_the_tree_empties_once_every_page_is_committed() -> None:
+    """A sequence whose last in-flight page is committed leaves the tracker at once, not when it
+    is freed: once every prompt is computed (while decoding) the tree is empty and a lookup
+    costs one dict probe."""
+    pages = tracker()
+    pages.committed(1, 2)
+    assert len(pages) == 1
+    pages.committed(2, 1)
+    pages.committed(2, 2)
+    assert len(pages) == 0
+    assert not pages._roots
+    assert pages.check({1, 2}) == []
+
+
 @pytest.mark.spec("KVM-031", "KVM-036")
 def test_a_miscounted_page_is_found() -> None:
     pages = tracker()

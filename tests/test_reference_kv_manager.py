@@ -195,6 +195,29 @@ def test_freed_ids_are_remembered_up_to_a_bound(monkeypatch: pytest.MonkeyPatch)
     assert not isinstance(forgotten.value, DoubleFree)
 
 
+@pytest.mark.spec("KVM-013")
+def test_a_fork_onto_a_freed_id_frees_it_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id freed, then used again by a fork and freed once more, counts as freed last: the
+    oldest freed ids are forgotten before it, as for an id allocated again."""
+    monkeypatch.setattr(manager_module, "FREED_IDS_REMEMBERED", 3)
+    kv = ReferenceKVManager(KVManagerConfig(8, 2))
+    for seq_id in (0, 1):
+        kv.allocate(seq_id, [seq_id], 1)
+        kv.free(seq_id)
+    kv.allocate(5, [5], 1)
+    kv.fork(5, 0)  # id 0 is live again: freed after 1 from now on
+    kv.free(0)
+    kv.free(5)
+    kv.allocate(2, [2], 1)
+    kv.free(2)  # a fourth remembered id: the oldest, 1, is forgotten
+    for remembered in (2, 5, 0):
+        with pytest.raises(DoubleFree):
+            kv.free(remembered)
+    with pytest.raises(UnknownSequence) as forgotten:
+        kv.free(1)
+    assert not isinstance(forgotten.value, DoubleFree)
+
+
 @pytest.mark.spec("KVM-039", "KVM-050")
 def test_a_shared_page_published_under_an_evicted_parent_breaks_the_later_chain() -> None:
     """Page size 1. Sequence 2, forked from 1, commits the shared pages first, the first one
