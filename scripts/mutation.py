@@ -367,6 +367,15 @@ def run_package(
         print(f"             {change[:220]}\n             [{tag}]")
     equivalent = len(survivors) - untriaged
     print(f"   {len(survivors)} survivors: {equivalent} equivalent, {untriaged} untriaged")
+    # An entry naming a mutant that no longer survives is stale: mutmut numbers mutants per
+    # function, so after an edit the name may belong to another mutant, which a later run
+    # would call equivalent for a reason written about a different change.
+    modules = tuple(
+        f.removeprefix("src/").removesuffix(".py").replace("/", ".") + "." for f in package.files
+    )
+    stale = sorted(n for n in equivalents.by_name if n.startswith(modules) and n not in survivors)
+    for name in stale:
+        print(f"  STALE equivalent entry (not a survivor of this run): {name}")
     return {
         "score": score,
         "killed": killed,
