@@ -243,3 +243,21 @@ def test_a_chunk_longer_than_the_row_bound_runs_alone() -> None:
         group_rows=4,
     )
     assert [g.num_seqs for g in layout.groups] == [1, 1]
+
+
+@pytest.mark.spec("PST-015", "PST-017")
+def test_a_context_exactly_at_the_fill_share_joins_the_longer_group() -> None:
+    """PST-017 lets a decode context of exactly ``DECODE_FILL`` of the group's longest share
+    its call, so it does (PST-015: as few calls as PST-017 allows); one below starts a group."""
+    longest, at_fill, below = 10, 7, 6
+    assert at_fill == DECODE_FILL * longest  # the boundary, exact in floating point
+    contexts = [at_fill, longest, below]
+    store = filled_store(layers=1)
+    batch = ragged_batch([1, 1, 1], contexts)
+    metadata = store.prepare(batch)
+    assert isinstance(metadata, PagedAttentionMetadata)
+    groups = sorted(g.rows.tolist() for g in metadata.layout.groups)
+    assert groups == [[0, 1], [2]]
+    query = torch.randn(len(contexts), 4, 8)
+    out = store.attention(0, query, metadata, 0.3)
+    torch.testing.assert_close(out.double(), expected(store, 0, query, batch), atol=ATOL, rtol=0)
