@@ -261,3 +261,24 @@ def test_a_context_exactly_at_the_fill_share_joins_the_longer_group() -> None:
     query = torch.randn(len(contexts), 4, 8)
     out = store.attention(0, query, metadata, 0.3)
     torch.testing.assert_close(out.double(), expected(store, 0, query, batch), atol=ATOL, rtol=0)
+
+
+@pytest.mark.spec("PST-040")
+def test_every_tensor_of_the_layout_lies_on_the_given_device() -> None:
+    """``meta`` stands in for an accelerator (a device other than the CPU): the rows, gather
+    indices and masks of decode groups, whole chunks and continuing chunks are all built on
+    the device the layout is planned for, none on the host."""
+    meta = torch.device("meta")
+    starts, contexts = [0, 1, 4, 7, 8, 12, 16], [5, 3, 3, 1, 4, 9]
+    layout = plan_attention(
+        starts,
+        contexts,
+        lambda seqs, width: torch.zeros(len(seqs), width, dtype=torch.int64, device=meta),
+        meta,
+    )
+    kinds = {(g.q_len == 1, g.mask is None) for g in layout.groups}
+    assert kinds == {(True, False), (False, True), (False, False)}  # every kind of group
+    for group in layout.groups:
+        assert group.rows.device == meta
+        assert group.kv_index.device == meta
+        assert group.mask is None or group.mask.device == meta
