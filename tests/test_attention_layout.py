@@ -282,3 +282,18 @@ def test_every_tensor_of_the_layout_lies_on_the_given_device() -> None:
         assert group.rows.device == meta
         assert group.kv_index.device == meta
         assert group.mask is None or group.mask.device == meta
+
+
+def test_a_group_asks_for_a_mask_or_for_causal_masking_never_both() -> None:
+    """scaled_dot_product_attention documents an error when both ``attn_mask`` and
+    ``is_causal`` are set: a whole chunk is plain causal with no mask, a continuing chunk and
+    a decode group carry their mask and are not ``is_causal``."""
+    starts, contexts = [0, 4, 7, 8], [4, 5, 6]  # a whole chunk, a continuing one, a decode
+    layout = plan_attention(
+        starts,
+        contexts,
+        lambda seqs, width: torch.zeros(len(seqs), width, dtype=torch.int64),
+        torch.device("cpu"),
+    )
+    kinds = sorted((g.q_len, g.width, g.is_causal, g.mask is None) for g in layout.groups)
+    assert kinds == [(1, 6, False, False), (3, 5, False, False), (4, 4, True, True)]
