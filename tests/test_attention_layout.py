@@ -243,3 +243,57 @@ def test_a_chunk_longer_than_the_row_bound_runs_alone() -> None:
         group_rows=4,
     )
     assert [g.num_seqs for g in layout.groups] == [1, 1]
+
+
+@pytest.mark.spec("PST-015", "PST-017")
+def test_a_context_exactly_at_the_fill_share_joins_the_longer_group() -> None:
+    """PST-017 lets a decode context of exactly ``DECODE_FILL`` of the group's longest share
+    its call, so it does (PST-015: as few calls as PST-017 allows); one below starts a group."""
+    longest, at_fill, below = 10, 7, 6
+    assert at_fill == DECODE_FILL * longest  # the boundary, exact in floating point
+    contexts = [at_fill, longest, below]
+    store = filled_store(layers=1)
+    batch = ragged_batch([1, 1, 1], contexts)
+    metadata = store.prepare(batch)
+    assert isinstance(metadata, PagedAttentionMetadata)
+    groups = sorted(g.rows.tolist() for g in metadata.layout.groups)
+    assert groups == [[0, 1], [2]]
+    query = torch.randn(len(contexts), 4, 8)
+    out = store.attention(0, query, metadata, 0.3)
+    torch.testing.assert_close(out.double(), expected(store, 0, query, batch), atol=ATOL, rtol=0)
+
+
+@pytest.mark.spec("PST-040")
+def test_every_tensor_of_the_layout_lies_on_the_given_device() -> None:
+    """``meta`` stands in for an accelerator (a device other than the CPU): the rows, gather
+    indices and masks of decode groups, whole chunks and continuing chunks are all built on
+    the device the layout is planned for, none on the host."""
+    meta = torch.device("meta")
+    starts, contexts = [0, 1, 4, 7, 8, 12, 16], [5, 3, 3, 1, 4, 9]
+    layout = plan_attention(
+        starts,
+        contexts,
+        lambda seqs, width: torch.zeros(len(seqs), width, dtype=torch.int64, device=meta),
+        meta,
+    )
+    kinds = {(g.q_len == 1, g.mask is None) for g in layout.groups}
+    assert kinds == {(True, False), (False, True), (False, False)}  # every kind of group
+    for group in layout.groups:
+        assert group.rows.device == meta
+        assert group.kv_index.device == meta
+        assert group.mask is None or group.mask.device == meta
+
+
+def test_a_group_asks_for_a_mask_or_for_causal_masking_never_both() -> None:
+    """scaled_dot_product_attention documents an error when both ``attn_mask`` and
+    ``is_causal`` are set: a whole chunk is plain causal with no mask, a continuing chunk and
+    a decode group carry their mask and are not ``is_causal``."""
+    starts, contexts = [0, 4, 7, 8], [4, 5, 6]  # a whole chunk, a continuing one, a decode
+    layout = plan_attention(
+        starts,
+        contexts,
+        lambda seqs, width: torch.zeros(len(seqs), width, dtype=torch.int64),
+        torch.device("cpu"),
+    )
+    kinds = sorted((g.q_len, g.width, g.is_causal, g.mask is None) for g in layout.groups)
+    assert kinds == [(1, 6, False, False), (3, 5, False, False), (4, 4, True, True)]

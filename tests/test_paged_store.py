@@ -444,6 +444,20 @@ def test_devices_are_checked_when_the_store_is_built() -> None:
             TorchPagedStore(StoreConfig(1, 1, 4, 2, 2, device="cuda"))
 
 
+@pytest.mark.spec("PST-040")
+def test_the_pools_live_on_the_configured_device_and_host_slots_are_moved_there() -> None:
+    """``meta`` stands in for an accelerator: a device other than the CPU, tensors without
+    data. The pools are allocated there, and a write given host slots moves them there
+    (indexing a meta pool with host slots raises)."""
+    store = TorchPagedStore(StoreConfig(2, 2, 8, 4, 4, device="meta"))
+    for layer in range(2):
+        assert store.key_pool(layer).device == torch.device("meta")
+        assert store.value_pool(layer).device == torch.device("meta")
+    kv = torch.empty(3, 2, 8, device="meta")
+    store.write(1, torch.tensor([0, 5, 9]), kv, kv)
+    store.write(0, torch.tensor([1, 2, 3], dtype=torch.int32), kv, kv)
+
+
 @pytest.mark.spec("PST-010")
 def test_a_bfloat16_pool_attends_a_float32_query_in_float32() -> None:
     """K/V are cast to the query's dtype: the result is float32 and close to the reference
