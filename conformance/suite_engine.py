@@ -341,6 +341,7 @@ class EngineSuite:
         aborted = engine.abort(b)
         assert aborted is not None
         assert aborted.finish_reason is FinishReason.ABORT
+        assert engine.stats().waiting == 0, "the aborted request is still queued"
         later: list[RequestOutput] = []
         while engine.has_unfinished_requests():
             later.extend(engine.step())

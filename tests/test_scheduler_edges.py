@@ -74,3 +74,39 @@ def test_a_stop_token_is_the_stop_reason() -> None:
     assert out.token_ids == (first,)
     assert out.finish_reason is FinishReason.STOP
     assert out.outputs[0].stop_reason == first
+
+
+def fork_without_room() -> tuple[LLMEngine, str]:
+    """An ``n=3`` request in a pool of 2 pages: its prompt fills both, so neither fork finds a
+    page for its copy of the partial last page after the first step; both wait to be
+    recomputed."""
+    eut = engine(num_pages=2)
+    params = SamplingParams(n=3, max_tokens=3, temperature=1.0, seed=5)
+    request_id = eut.add_request([1, 2, 3, 4, 5], params)
+    eut.step()
+    return eut, request_id
+
+
+@pytest.mark.spec("ENG-130", "ENG-047")
+def test_forks_without_a_page_wait_and_count_as_preemptions() -> None:
+    eut, _ = fork_without_room()
+    stats = eut.stats()
+    assert (stats.running, stats.waiting, stats.preemptions) == (1, 2, 2)
+    outs = []
+    while eut.has_unfinished_requests():
+        outs.extend(eut.step())
+    (final,) = [o for o in outs if o.finished]
+    assert [len(c.token_ids) for c in final.outputs] == [3, 3, 3]
+    assert final.metrics.preemptions == eut.stats().preemptions == 2
+
+
+@pytest.mark.spec("ENG-130", "ENG-012")
+def test_aborting_forks_that_wait_for_a_page_ends_them() -> None:
+    eut, request_id = fork_without_room()
+    final = eut.abort(request_id)
+    assert final is not None
+    assert [str(c.finish_reason) for c in final.outputs] == ["abort"] * 3
+    stats = eut.stats()
+    assert (stats.running, stats.waiting, stats.pages_in_use) == (0, 0, 0)
+    assert not eut.has_unfinished_requests()
+    eut.check_invariants()
