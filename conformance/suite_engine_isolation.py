@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.outputs import FinishReason, RequestOutput
+from pagedkv.engine.outputs import FinishReason, RequestOutput, StepReport
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.interfaces import Backend, Engine, EngineBackend, StepRunner
@@ -267,6 +267,50 @@ class EngineIsolationSuite:
         assert stats.failed_steps == 3
         assert runner.poisoned_steps == 3
         assert stats.pages_in_use == 0
+
+    @pytest.mark.spec("ENG-072", "ENG-131", "ENG-051")
+    @pytest.mark.parametrize("retries", [1, 2])
+    def test_a_request_no_step_can_run_fails_alone_beside_one_other(
+        self, backend: Backend, retries: int
+    ) -> None:
+        """A clean request and a poisoned one, both on their last try after ``retries``
+        failed steps: each then runs alone, the clean one first (a step of one sequence, which
+        observers see), so only the poisoned one fails and the clean one finishes as alone."""
+        config = replace(CONFIG, max_step_retries=retries)
+        runner = PoisonedRunner(
+            VOCAB, config.num_pages, config.page_size, poison=POISON, kind="raise"
+        )
+        engine = create_engine(backend, runner, config)
+        reports: list[StepReport] = []
+        engine.add_step_observer(reports.append)
+        prompt = [1, 2, 3, 4, 5]
+        clean = engine.add_request(prompt, greedy(max_tokens=4))
+        poisoned = engine.add_request([*POISON, 7], greedy(max_tokens=4))
+        run = run_all(engine)
+        assert_failed(run.finals[poisoned])
+        assert_clean(run.finals[clean], solo_greedy(prompt, 4))
+        assert engine.stats().failed_steps == runner.poisoned_steps == retries + 1
+        assert [r.num_seqs for r in reports] == [1] * 4
+        assert all(r.num_preempted == 0 for r in reports)
+
+    @pytest.mark.spec("ENG-131")
+    @pytest.mark.parametrize("retries", [0, 2])
+    def test_no_step_is_cut_down_without_a_last_try(self, backend: Backend, retries: int) -> None:
+        """With no failed step (and with ``max_step_retries`` 0, where no request ever has a
+        last try to run alone), every step holds every running request."""
+        config = replace(CONFIG, max_step_retries=retries)
+        engine = create_engine(
+            backend, HashRunner(VOCAB, config.num_pages, config.page_size), config
+        )
+        reports: list[StepReport] = []
+        engine.add_step_observer(reports.append)
+        prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+        ids = add_all(engine, prompts, greedy(max_tokens=3))
+        assert sorted(o.request_id for o in engine.step()) == sorted(ids)
+        run = run_all(engine)
+        assert [r.num_seqs for r in reports] == [3, 3, 3]
+        for request_id, prompt in zip(ids, prompts, strict=True):
+            assert_clean(run.finals[request_id], solo_greedy(prompt, 3))
 
     @pytest.mark.spec("ENG-071", "ENG-072", "ENG-073")
     @pytest.mark.parametrize(("mode", "seed"), [("v1", 1), ("v1", 2), ("v1", 5), ("v0", 3)])
