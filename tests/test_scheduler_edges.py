@@ -4,14 +4,19 @@ reasons (specs/engine.md). Over the hash stand-in model."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
+import torch
 
 from pagedkv.backend import reference_backend
+from pagedkv.engine import engine as engine_module
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.llm import run_to_completion
-from pagedkv.engine.outputs import FinishReason
+from pagedkv.engine.outputs import FinishReason, RequestOutput
 from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.sampler import Sampled, SampleRow
 from pagedkv.testing.hash_runner import HashRunner, next_token
 
 VOCAB = 64
@@ -109,4 +114,43 @@ def test_aborting_forks_that_wait_for_a_page_ends_them() -> None:
     stats = eut.stats()
     assert (stats.running, stats.waiting, stats.pages_in_use) == (0, 0, 0)
     assert not eut.has_unfinished_requests()
+    eut.check_invariants()
+
+
+@pytest.mark.spec("ENG-047", "ENG-070")
+@pytest.mark.parametrize("mode", ["v1", "v0"])
+def test_a_fork_whose_first_token_fails_fails_its_request(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sampling raises for the second sample only (its generator, seeded ``seed + 1``), so the
+    fork fails at its first token, in the step that forks it: its whole request ends with
+    reason error and the message, no completion gets a new token, and the request beside it
+    finishes with its tokens."""
+    seed = 11
+    sample_rows = engine_module.sample_rows
+
+    def failing(
+        logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int] = frozenset()
+    ) -> list[Sampled]:
+        if any(r.generator is not None and r.generator.initial_seed() == seed + 1 for r in rows):
+            raise RuntimeError("injected sampling fault")
+        return sample_rows(logits, rows, stop_ids)
+
+    monkeypatch.setattr(engine_module, "sample_rows", failing)
+    eut = engine(mode)
+    beside = eut.add_request([9, 8, 7], SamplingParams(max_tokens=4, temperature=0.0))
+    failed = eut.add_request([1, 2, 3, 4, 5], SamplingParams(n=3, max_tokens=4, seed=seed))
+    outs = eut.step()
+    (out,) = [o for o in outs if o.request_id == failed]
+    assert out.finished
+    assert out.error is not None
+    assert "injected sampling fault" in out.error
+    assert [c.finish_reason for c in out.outputs] == [FinishReason.ERROR] * 3
+    assert all(c.new_token_ids == () for c in out.outputs)
+    finals: list[RequestOutput] = []
+    while eut.has_unfinished_requests():
+        finals.extend(o for o in eut.step() if o.finished)
+    assert [o.request_id for o in finals] == [beside]
+    assert len(finals[0].token_ids) == 4
+    assert eut.stats().pages_in_use == 0
     eut.check_invariants()
