@@ -454,6 +454,17 @@ class EngineSuite:
         assert list(by_token.token_ids) == expected[: expected.index(expected[2]) + 1]
         assert by_token.finish_reason is FinishReason.STOP
 
+    @pytest.mark.spec("ENG-133")
+    def test_outputs_without_a_tokenizer_have_empty_text(self, backend: Backend) -> None:
+        eut = build_engine(backend)
+        eut.engine.add_request([10, 20, 30], greedy(max_tokens=3))
+        outputs: list[RequestOutput] = []
+        while eut.engine.has_unfinished_requests():
+            outputs.extend(eut.engine.step())
+        assert len(outputs) == 3
+        for output in outputs:
+            assert [(c.text, c.new_text) for c in output.outputs] == [("", "")]
+
     @pytest.mark.spec("ENG-044")
     @pytest.mark.parametrize("n", [0, 1])
     def test_logprobs_of_the_chosen_token_only_or_one_more(self, backend: Backend, n: int) -> None:

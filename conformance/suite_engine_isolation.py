@@ -88,12 +88,15 @@ def add_all(engine: Engine, prompts: Sequence[Sequence[int]], params: SamplingPa
 
 
 def assert_failed(output: RequestOutput) -> None:
-    """``output`` ends its request with reason ``error``, a message and no new token."""
+    """``output`` ends its request with reason ``error``, a message and, in every completion, no
+    new token and no new text."""
     assert output.finished
     assert output.finish_reason is FinishReason.ERROR, output
     assert isinstance(output.error, str)
     assert output.error
-    assert output.new_token_ids == ()
+    for completion in output.outputs:
+        assert completion.new_token_ids == ()
+        assert completion.new_text == ""
 
 
 def assert_clean(output: RequestOutput, expected: Sequence[int]) -> None:
@@ -191,6 +194,28 @@ class EngineIsolationSuite:
             want = expected[clean_id]
             assert_clean(run.finals[request_id], want.token_ids)
             assert run.finals[request_id].text == want.text == IdTokenizer().decode(want.token_ids)
+        assert engine.stats().pages_in_use == 0
+
+    @pytest.mark.spec("ENG-070", "ENG-091")
+    def test_a_failed_request_releases_no_held_back_text(self, backend: Backend) -> None:
+        """The first token's text begins a stop string, so it is held back; the next step
+        fails (no retries), failing the request: its output carries no new text, and its text
+        is what was released before, nothing."""
+        config = replace(CONFIG, max_step_retries=0)
+        runner = FaultyRunner(HashRunner(VOCAB, config.num_pages, config.page_size))
+        engine = create_engine(backend, runner, config, IdTokenizer())
+        prompt = [3, 1, 4, 1, 5]
+        first = solo_greedy(prompt, 1)[0]
+        params = SamplingParams(max_tokens=4, temperature=0.0, stop=[f"{first} x"])
+        request_id = engine.add_request(prompt, params)
+        (held,) = engine.step()
+        assert held.token_ids == (first,)
+        assert held.new_text == held.text == ""
+        runner.failing = True
+        (failed,) = engine.step()
+        assert failed.request_id == request_id
+        assert_failed(failed)
+        assert failed.text == ""
         assert engine.stats().pages_in_use == 0
 
     @pytest.mark.spec("ENG-071", "ENG-073")
