@@ -206,7 +206,7 @@ class EngineIsolationSuite:
         engine = create_engine(backend, runner, config, IdTokenizer())
         prompt = [3, 1, 4, 1, 5]
         first = solo_greedy(prompt, 1)[0]
-        params = SamplingParams(max_tokens=4, temperature=0.0, stop=[f"{first} x"])
+        params = SamplingParams(max_tokens=4, temperature=0.0, stop=(f"{first} x",))
         request_id = engine.add_request(prompt, params)
         (held,) = engine.step()
         assert held.token_ids == (first,)
