@@ -154,3 +154,18 @@ def test_a_fork_whose_first_token_fails_fails_its_request(
     assert len(finals[0].token_ids) == 4
     assert eut.stats().pages_in_use == 0
     eut.check_invariants()
+
+
+@pytest.mark.spec("ENG-011", "ENG-047")
+def test_forks_beyond_the_token_budget_wait_for_a_step_with_room() -> None:
+    """A budget of 2 positions and ``n=3``: once forked, three sequences decode but a step
+    holds two; the third waits, with nothing scheduled for it, and every step succeeds."""
+    eut = engine(max_num_batched_tokens=2)
+    sizes: list[int] = []
+    eut.add_step_observer(lambda report: sizes.append(report.num_tokens))
+    params = SamplingParams(n=3, max_tokens=3, temperature=1.0, seed=2)
+    (out,) = run_to_completion(eut, [[1, 2]], params)
+    assert [c.finish_reason for c in out.outputs] == [FinishReason.LENGTH] * 3
+    assert [len(c.token_ids) for c in out.outputs] == [3, 3, 3]
+    assert eut.stats().failed_steps == 0
+    assert max(sizes) == 2
