@@ -17,6 +17,7 @@ from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.outputs import FinishReason, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.sampler import Sampled, SampleRow
+from pagedkv.errors import InvariantViolation
 from pagedkv.testing.hash_runner import HashRunner, next_token
 
 VOCAB = 64
@@ -169,3 +170,18 @@ def test_forks_beyond_the_token_budget_wait_for_a_step_with_room() -> None:
     assert [len(c.token_ids) for c in out.outputs] == [3, 3, 3]
     assert eut.stats().failed_steps == 0
     assert max(sizes) == 2
+
+
+@pytest.mark.spec("ENG-073")
+@pytest.mark.parametrize("field", ["seq_id", "num_computed_tokens"])
+def test_v0_invariants_catch_cache_state(field: str) -> None:
+    """A cache-less engine's check fails on a running request that claims a sequence id or
+    computed positions, either one alone."""
+    eut = engine("v0")
+    eut.add_request([1, 2, 3], SamplingParams(max_tokens=4))
+    eut.step()
+    eut.check_invariants()
+    (request,) = eut.scheduler.running
+    setattr(request, field, 3)
+    with pytest.raises(InvariantViolation):
+        eut.check_invariants()
