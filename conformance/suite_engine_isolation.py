@@ -196,6 +196,21 @@ class EngineIsolationSuite:
             assert run.finals[request_id].text == want.text == IdTokenizer().decode(want.token_ids)
         assert engine.stats().pages_in_use == 0
 
+    @pytest.mark.spec("ENG-070", "ENG-073")
+    def test_a_request_whose_last_token_text_fails_fails(self, backend: Backend) -> None:
+        """With ``max_tokens=1`` the first token ends the request by length, and decoding its
+        text raises: the request ends with reason error instead, and nothing leaks."""
+        prompt = [3, 1, 4]
+        token = solo_greedy(prompt, 1)[0]
+        tokenizer = FaultyTokenizer(IdTokenizer(), lambda ids: token in ids)
+        runner = HashRunner(VOCAB, CONFIG.num_pages, CONFIG.page_size)
+        engine = create_engine(backend, runner, CONFIG, tokenizer)
+        request_id = engine.add_request(prompt, greedy(max_tokens=1))
+        run = run_all(engine)
+        assert tokenizer.faults >= 1
+        assert_failed(run.finals[request_id])
+        assert engine.stats().pages_in_use == 0
+
     @pytest.mark.spec("ENG-070", "ENG-091")
     def test_a_failed_request_releases_no_held_back_text(self, backend: Backend) -> None:
         """The first token's text begins a stop string, so it is held back; the next step
