@@ -75,7 +75,7 @@ def test_a_stop_token_is_the_stop_reason() -> None:
     prompt = [1, 2, 3]
     first = next_token(prompt, VOCAB)
     (out,) = run_to_completion(
-        engine(), [prompt], SamplingParams(max_tokens=8, stop_token_ids=[first])
+        engine(), [prompt], SamplingParams(max_tokens=8, stop_token_ids=(first,))
     )
     assert out.token_ids == (first,)
     assert out.finish_reason is FinishReason.STOP
@@ -185,3 +185,17 @@ def test_v0_invariants_catch_cache_state(field: str) -> None:
     setattr(request, field, 3)
     with pytest.raises(InvariantViolation):
         eut.check_invariants()
+
+
+@pytest.mark.spec("ENG-047", "ENG-042")
+@pytest.mark.parametrize("mode", ["v1", "v0"])
+def test_forks_whose_first_token_is_a_stop_token_stop_there(mode: str) -> None:
+    """Greedy ``n=3`` with the first token a stop token: every completion, the forks too, ends
+    after it with reason stop and that token as its stop reason."""
+    prompt = [1, 2, 3, 4, 5]
+    first = next_token(prompt, VOCAB)
+    params = SamplingParams(n=3, max_tokens=4, temperature=0.0, stop_token_ids=(first,))
+    (out,) = run_to_completion(engine(mode), [prompt], params)
+    assert [c.token_ids for c in out.outputs] == [(first,)] * 3
+    assert [c.finish_reason for c in out.outputs] == [FinishReason.STOP] * 3
+    assert [c.stop_reason for c in out.outputs] == [first] * 3
