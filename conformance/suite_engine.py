@@ -341,6 +341,7 @@ class EngineSuite:
         aborted = engine.abort(b)
         assert aborted is not None
         assert aborted.finish_reason is FinishReason.ABORT
+        assert engine.stats().waiting == 0, "the aborted request is still queued"
         later: list[RequestOutput] = []
         while engine.has_unfinished_requests():
             later.extend(engine.step())
@@ -452,6 +453,17 @@ class EngineSuite:
         (by_token,) = build_engine(backend).run([prompt], stop_at)
         assert list(by_token.token_ids) == expected[: expected.index(expected[2]) + 1]
         assert by_token.finish_reason is FinishReason.STOP
+
+    @pytest.mark.spec("ENG-133")
+    def test_outputs_without_a_tokenizer_have_empty_text(self, backend: Backend) -> None:
+        eut = build_engine(backend)
+        eut.engine.add_request([10, 20, 30], greedy(max_tokens=3))
+        outputs: list[RequestOutput] = []
+        while eut.engine.has_unfinished_requests():
+            outputs.extend(eut.engine.step())
+        assert len(outputs) == 3
+        for output in outputs:
+            assert [(c.text, c.new_text) for c in output.outputs] == [("", "")]
 
     @pytest.mark.spec("ENG-044")
     @pytest.mark.parametrize("n", [0, 1])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.outputs import FinishReason, RequestOutput
+from pagedkv.engine.outputs import FinishReason, RequestOutput, StepReport
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.interfaces import Backend, Engine, EngineBackend, StepRunner
@@ -88,12 +88,15 @@ def add_all(engine: Engine, prompts: Sequence[Sequence[int]], params: SamplingPa
 
 
 def assert_failed(output: RequestOutput) -> None:
-    """``output`` ends its request with reason ``error``, a message and no new token."""
+    """``output`` ends its request with reason ``error``, a message and, in every completion, no
+    new token and no new text."""
     assert output.finished
     assert output.finish_reason is FinishReason.ERROR, output
     assert isinstance(output.error, str)
     assert output.error
-    assert output.new_token_ids == ()
+    for completion in output.outputs:
+        assert completion.new_token_ids == ()
+        assert completion.new_text == ""
 
 
 def assert_clean(output: RequestOutput, expected: Sequence[int]) -> None:
@@ -193,6 +196,43 @@ class EngineIsolationSuite:
             assert run.finals[request_id].text == want.text == IdTokenizer().decode(want.token_ids)
         assert engine.stats().pages_in_use == 0
 
+    @pytest.mark.spec("ENG-070", "ENG-073")
+    def test_a_request_whose_last_token_text_fails_fails(self, backend: Backend) -> None:
+        """With ``max_tokens=1`` the first token ends the request by length, and decoding its
+        text raises: the request ends with reason error instead, and nothing leaks."""
+        prompt = [3, 1, 4]
+        token = solo_greedy(prompt, 1)[0]
+        tokenizer = FaultyTokenizer(IdTokenizer(), lambda ids: token in ids)
+        runner = HashRunner(VOCAB, CONFIG.num_pages, CONFIG.page_size)
+        engine = create_engine(backend, runner, CONFIG, tokenizer)
+        request_id = engine.add_request(prompt, greedy(max_tokens=1))
+        run = run_all(engine)
+        assert tokenizer.faults >= 1
+        assert_failed(run.finals[request_id])
+        assert engine.stats().pages_in_use == 0
+
+    @pytest.mark.spec("ENG-070", "ENG-091")
+    def test_a_failed_request_releases_no_held_back_text(self, backend: Backend) -> None:
+        """The first token's text begins a stop string, so it is held back; the next step
+        fails (no retries), failing the request: its output carries no new text, and its text
+        is what was released before, nothing."""
+        config = replace(CONFIG, max_step_retries=0)
+        runner = FaultyRunner(HashRunner(VOCAB, config.num_pages, config.page_size))
+        engine = create_engine(backend, runner, config, IdTokenizer())
+        prompt = [3, 1, 4, 1, 5]
+        first = solo_greedy(prompt, 1)[0]
+        params = SamplingParams(max_tokens=4, temperature=0.0, stop=(f"{first} x",))
+        request_id = engine.add_request(prompt, params)
+        (held,) = engine.step()
+        assert held.token_ids == (first,)
+        assert held.new_text == held.text == ""
+        runner.failing = True
+        (failed,) = engine.step()
+        assert failed.request_id == request_id
+        assert_failed(failed)
+        assert failed.text == ""
+        assert engine.stats().pages_in_use == 0
+
     @pytest.mark.spec("ENG-071", "ENG-073")
     @pytest.mark.parametrize("mode", ["v1", "v0"])
     def test_a_failed_step_is_run_again_unchanged(self, backend: Backend, mode: str) -> None:
@@ -267,6 +307,50 @@ class EngineIsolationSuite:
         assert stats.failed_steps == 3
         assert runner.poisoned_steps == 3
         assert stats.pages_in_use == 0
+
+    @pytest.mark.spec("ENG-072", "ENG-131", "ENG-051")
+    @pytest.mark.parametrize("retries", [1, 2])
+    def test_a_request_no_step_can_run_fails_alone_beside_one_other(
+        self, backend: Backend, retries: int
+    ) -> None:
+        """A clean request and a poisoned one, both on their last try after ``retries``
+        failed steps: each then runs alone, the clean one first (a step of one sequence, which
+        observers see), so only the poisoned one fails and the clean one finishes as alone."""
+        config = replace(CONFIG, max_step_retries=retries)
+        runner = PoisonedRunner(
+            VOCAB, config.num_pages, config.page_size, poison=POISON, kind="raise"
+        )
+        engine = create_engine(backend, runner, config)
+        reports: list[StepReport] = []
+        engine.add_step_observer(reports.append)
+        prompt = [1, 2, 3, 4, 5]
+        clean = engine.add_request(prompt, greedy(max_tokens=4))
+        poisoned = engine.add_request([*POISON, 7], greedy(max_tokens=4))
+        run = run_all(engine)
+        assert_failed(run.finals[poisoned])
+        assert_clean(run.finals[clean], solo_greedy(prompt, 4))
+        assert engine.stats().failed_steps == runner.poisoned_steps == retries + 1
+        assert [r.num_seqs for r in reports] == [1] * 4
+        assert all(r.num_preempted == 0 for r in reports)
+
+    @pytest.mark.spec("ENG-131")
+    @pytest.mark.parametrize("retries", [0, 2])
+    def test_no_step_is_cut_down_without_a_last_try(self, backend: Backend, retries: int) -> None:
+        """With no failed step (and with ``max_step_retries`` 0, where no request ever has a
+        last try to run alone), every step holds every running request."""
+        config = replace(CONFIG, max_step_retries=retries)
+        engine = create_engine(
+            backend, HashRunner(VOCAB, config.num_pages, config.page_size), config
+        )
+        reports: list[StepReport] = []
+        engine.add_step_observer(reports.append)
+        prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+        ids = add_all(engine, prompts, greedy(max_tokens=3))
+        assert sorted(o.request_id for o in engine.step()) == sorted(ids)
+        run = run_all(engine)
+        assert [r.num_seqs for r in reports] == [3, 3, 3]
+        for request_id, prompt in zip(ids, prompts, strict=True):
+            assert_clean(run.finals[request_id], solo_greedy(prompt, 3))
 
     @pytest.mark.spec("ENG-071", "ENG-072", "ENG-073")
     @pytest.mark.parametrize(("mode", "seed"), [("v1", 1), ("v1", 2), ("v1", 5), ("v0", 3)])

@@ -17,6 +17,7 @@ from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import Backend
+from pagedkv.testing.faults import IdTokenizer
 
 from .engine_harness import EngineUnderTest, build_engine, solo_greedy
 
@@ -143,3 +144,39 @@ class EngineTextSuite:
         assert outputs[-1].finish_reason is FinishReason.STOP
         assert outputs[-1].text == ""
         assert "".join(o.new_text for o in outputs) == ""
+
+    @pytest.mark.spec("ENG-090", "ENG-042")
+    @pytest.mark.parametrize("by", ["eos", "stop token"])
+    def test_the_text_of_a_stopping_token_is_left_out(self, backend: Backend, by: str) -> None:
+        """The third token ends the request, as EOS or as a stop token: the text (and the
+        streamed deltas) hold the first two tokens' text only, with ``IdTokenizer``'s
+        spelling of ids."""
+        prompt = [10, 20, 30]
+        expected = solo_greedy(prompt, 6)
+        stop = expected[2]
+        assert stop not in expected[:2], "pick a prompt whose third token is new"
+        eos = frozenset({stop}) if by == "eos" else frozenset()
+        eut = build_engine(backend, tokenizer=IdTokenizer(), eos_ids=eos)
+        params = SamplingParams(
+            max_tokens=6, temperature=0.0, stop_token_ids=() if by == "eos" else (stop,)
+        )
+        outputs = list(eut.engine.stream(prompt, params))
+        final = outputs[-1]
+        assert list(final.token_ids) == expected[:3]
+        assert final.finish_reason is FinishReason.STOP
+        assert final.text == IdTokenizer().decode(expected[:2])
+        assert "".join(o.new_text for o in outputs) == final.text
+
+    @pytest.mark.spec("ENG-091", "ENG-090")
+    def test_text_held_back_at_the_end_is_released(self, backend: Backend) -> None:
+        """The last token's text begins a stop string, so it is held back, until the request
+        ends by length: then it is released, and the text is every token's."""
+        prompt = [10, 20, 30]
+        expected = solo_greedy(prompt, 3)
+        eut = build_engine(backend, tokenizer=IdTokenizer())
+        params = SamplingParams(max_tokens=3, temperature=0.0, stop=(f"{expected[2]} x",))
+        outputs = list(eut.engine.stream(prompt, params))
+        final = outputs[-1]
+        assert final.finish_reason is FinishReason.LENGTH
+        assert final.text == IdTokenizer().decode(expected)
+        assert "".join(o.new_text for o in outputs) == final.text

@@ -37,9 +37,10 @@ def expected(position: int) -> torch.Tensor:
 
 
 @pytest.mark.spec("ENG-049")
-@pytest.mark.parametrize("budget", [256, 4])
+@pytest.mark.parametrize("budget", [256, 4, 3])
 def test_each_prompt_token_gets_its_log_probability(budget: int) -> None:
-    """Whole or in chunks of 4: position 0 has none; every later one the token's
+    """Whole, in chunks of 4, or of 3 (the last chunk then starts one before the last
+    position, so it fills just that one): position 0 has none; every later one the token's
     log-probability, its rank and the 2 most likely tokens."""
     params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=2)
     (out,) = run_to_completion(engine(budget), [PROMPT], params)
@@ -73,3 +74,16 @@ def test_a_cached_prefix_is_computed_again_and_nothing_is_published() -> None:
     assert all(entry is not None and entry.top == () for entry in out.prompt_logprobs[1:])
     (again,) = run_to_completion(e, [PROMPT], SamplingParams(max_tokens=1, temperature=0))
     assert again.num_cached_tokens == 8  # the first run's pages are still the ones hit
+
+
+@pytest.mark.spec("ENG-132", "ENG-012")
+def test_a_request_aborted_mid_prefill_reports_no_prompt_logprobs() -> None:
+    """Prefilled in chunks of 4, aborted after two of its three chunks: its final output has
+    no prompt log-probabilities rather than a list with holes."""
+    e = engine(4)
+    request_id = e.add_request(PROMPT, SamplingParams(max_tokens=2, prompt_logprobs=1))
+    assert e.step() == e.step() == []  # two chunks of the prompt, nothing sampled yet
+    out = e.abort(request_id)
+    assert out is not None
+    assert out.prompt_logprobs is None
+    assert out.token_ids == ()

@@ -167,14 +167,14 @@ class RequestGroup:
     def metrics(self) -> RequestMetrics:
         """The first sequence's timings and counts; generated tokens and preemptions summed
         over every sequence, the end that of the last to finish."""
-        first = self.sequences[0].metrics()
+        first = self.sequences[0]
         ends = [s.finished_time for s in self.sequences]
         return RequestMetrics(
             arrival_time=first.arrival_time,
             first_token_time=first.first_token_time,
             finished_time=None if None in ends else max(e for e in ends if e is not None),
-            prompt_tokens=first.prompt_tokens,
-            cached_tokens=first.cached_tokens,
+            prompt_tokens=len(first.prompt_token_ids),
+            cached_tokens=first.cached_tokens or 0,
             generated_tokens=sum(s.num_output_tokens for s in self.sequences),
             preemptions=sum(s.preemptions for s in self.sequences),
             first_scheduled_time=first.first_scheduled_time,

@@ -7,7 +7,7 @@ from enum import Enum
 
 import torch
 
-from pagedkv.engine.outputs import FinishReason, RequestMetrics, TokenLogprobs
+from pagedkv.engine.outputs import FinishReason, TokenLogprobs
 from pagedkv.engine.params import SamplingParams
 
 
@@ -100,16 +100,3 @@ class Request:
     def width(self) -> int:
         """Sequences this request runs once its forks are born."""
         return 1 + len(self.forks)
-
-    def metrics(self) -> RequestMetrics:
-        """A frozen snapshot of the request's timings and counts."""
-        return RequestMetrics(
-            arrival_time=self.arrival_time,
-            first_token_time=self.first_token_time,
-            finished_time=self.finished_time,
-            prompt_tokens=len(self.prompt_token_ids),
-            cached_tokens=self.cached_tokens or 0,
-            generated_tokens=self.num_output_tokens,
-            preemptions=self.preemptions,
-            first_scheduled_time=self.first_scheduled_time,
-        )
