@@ -161,7 +161,7 @@ def test_a_generation_config_is_read_as_utf8_whatever_the_locale(tmp_path: Path)
     (tmp_path / "generation_config.json").write_text(
         json.dumps({"_comment": "défaut", "top_k": 5}, ensure_ascii=False), encoding="utf-8"
     )
-    src = str(Path(pagedkv.__file__).resolve().parents[1])
+    src = str(Path(pagedkv.__file__).absolute().parents[1])  # the package imported here
     env = {
         **os.environ,
         "LC_ALL": "C",
