@@ -113,7 +113,8 @@ class RaisingSampler:
         self.raised = 0
 
     def picks(self, row: SampleRow) -> bool:
-        return row.generator is not None and row.generator.initial_seed() == self.bad
+        generator = row.generator
+        return isinstance(generator, torch.Generator) and generator.initial_seed() == self.bad
 
     def __call__(
         self, logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int]
