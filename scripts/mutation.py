@@ -65,6 +65,8 @@ ENGINE_TESTS = (
     "tests/test_sampler.py",
     "tests/test_sampling_controls.py",
     "tests/test_detokenizer.py",
+    "tests/test_detokenizer_edges.py",
+    "tests/test_engine_edges.py",
     "tests/test_model_dir_files.py",
     "tests/test_hf_conventions.py",
     "tests/test_vllm_api.py",

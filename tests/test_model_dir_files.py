@@ -95,3 +95,89 @@ def test_an_engine_from_a_model_directory_is_wired_to_it(mode: CacheMode) -> Non
         outputs.extend(o for o in engine.step() if o.request_id == rid)
     assert list(outputs[-1].prompt_token_ids) == prompt
     assert len(outputs[-1].token_ids) >= 1
+
+
+@pytest.mark.spec("ENG-060", "ENG-081", "ENG-034")
+def test_an_engine_from_a_model_directory_takes_its_config_and_dtype(tmp_path: Path) -> None:
+    """The directory given (the embedded model's files, trained for 512 positions here), the
+    config given and the dtype asked for."""
+    import shutil
+
+    import torch
+
+    from pagedkv.assets import default_model_dir
+    from pagedkv.engine.config import EngineConfig
+    from pagedkv.engine.engine import LLMEngine
+    from pagedkv.engine.runner import ModelRunner
+
+    path = Path(shutil.copytree(default_model_dir(), tmp_path / "model"))
+    hf_config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    hf_config["max_position_embeddings"] = 512
+    (path / "config.json").write_text(json.dumps(hf_config), encoding="utf-8")
+    config = EngineConfig(page_size=4, num_pages=8)
+    engine = LLMEngine.from_model_dir(path, config, dtype="bfloat16")
+    assert engine.config == config
+    assert engine.runner.max_positions == 512
+    assert isinstance(engine.runner, ModelRunner)
+    assert next(engine.runner.model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.spec("ENG-080")
+@pytest.mark.parametrize("value", [True, "0.6", [0.6], None])
+def test_a_generation_default_of_the_wrong_type_is_refused(tmp_path: Path, value: object) -> None:
+    """A boolean, a string or a list is not a number (``null`` leaves the default)."""
+    from pagedkv.engine.generation_config import GenerationDefaults
+
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": value, "top_k": 5}), encoding="utf-8"
+    )
+    if value is None:
+        assert GenerationDefaults.from_dir(tmp_path) == GenerationDefaults(top_k=5)
+        return
+    with pytest.raises(CheckpointError, match="temperature"):
+        GenerationDefaults.from_dir(tmp_path)
+
+
+@pytest.mark.spec("ENG-080")
+def test_generation_defaults_refuse_a_field_sampling_params_lacks() -> None:
+    from pagedkv.engine.generation_config import GenerationDefaults
+    from pagedkv.errors import InvalidRequest
+
+    defaults = GenerationDefaults(top_k=5)
+    assert defaults.sampling_params(top_p=None).top_k == 5
+    with pytest.raises(InvalidRequest, match="colour"):
+        defaults.sampling_params(colour=1)
+
+
+@pytest.mark.spec("ENG-146")
+def test_a_generation_config_is_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """Under an ASCII locale (no UTF-8 mode), a file with non-ASCII text is still read."""
+    import os
+    import subprocess
+    import sys
+
+    import pagedkv
+
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"_comment": "défaut", "top_k": 5}, ensure_ascii=False), encoding="utf-8"
+    )
+    src = str(Path(pagedkv.__file__).absolute().parents[1])  # the package imported here
+    env = {
+        **os.environ,
+        "LC_ALL": "C",
+        "LANG": "C",
+        "PYTHONUTF8": "0",
+        "PYTHONCOERCECLOCALE": "0",
+        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+    }
+    code = (
+        "import locale, sys\n"
+        "from pagedkv.engine.generation_config import GenerationDefaults\n"
+        "assert locale.getpreferredencoding(False).lower() != 'utf-8'\n"
+        "print(GenerationDefaults.from_dir(sys.argv[1]).top_k)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "5"
