@@ -95,3 +95,19 @@ def test_an_engine_from_a_model_directory_is_wired_to_it(mode: CacheMode) -> Non
         outputs.extend(o for o in engine.step() if o.request_id == rid)
     assert list(outputs[-1].prompt_token_ids) == prompt
     assert len(outputs[-1].token_ids) >= 1
+
+
+@pytest.mark.spec("SRV-090")
+def test_token_id_is_the_one_token_spelling_a_text() -> None:
+    """What the reasoning parser asks of a tokenizer for each think tag: the id of the single
+    vocabulary token spelling it, or ``None`` for a text of several tokens or none."""
+    from pagedkv.assets import default_model_dir
+
+    tokenizer = Tokenizer(default_model_dir())
+    for tag in ("<|im_end|>", "<|im_start|>"):
+        assert tokenizer.token_id(tag) == tokenizer.hf.convert_tokens_to_ids(tag)
+    (word,) = tokenizer.encode("def")
+    assert tokenizer.token_id("def") == word
+    assert len(tokenizer.encode("<think>")) > 1
+    assert tokenizer.token_id("<think>") is None
+    assert tokenizer.token_id("") is None
