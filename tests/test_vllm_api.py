@@ -106,13 +106,17 @@ def test_prompt_dicts(llm: LLM) -> None:
 
 
 @pytest.mark.spec("ENG-062")
-def test_a_prompt_dict_carries_its_cache_salt(llm: LLM) -> None:
-    prompt = "import json\n" * 12
-    llm.generate({"prompt": prompt, "cache_salt": "a"}, GREEDY, use_tqdm=False)
-    (same,) = llm.generate({"prompt": prompt, "cache_salt": "a"}, GREEDY, use_tqdm=False)
-    (other,) = llm.generate({"prompt": prompt, "cache_salt": "b"}, GREEDY, use_tqdm=False)
+@pytest.mark.parametrize("form", ["prompt", "prompt_token_ids"])
+def test_a_prompt_dict_carries_its_cache_salt(llm: LLM, form: str) -> None:
+    text = ("import json\n" if form == "prompt" else "import yaml\n") * 12  # no page shared
+    prompt = text if form == "prompt" else llm.get_tokenizer().encode(text)
+    llm.generate({form: prompt, "cache_salt": "a"}, GREEDY, use_tqdm=False)  # type: ignore[misc]
+    (same,) = llm.generate({form: prompt, "cache_salt": "a"}, GREEDY, use_tqdm=False)  # type: ignore[misc]
+    (other,) = llm.generate({form: prompt, "cache_salt": "b"}, GREEDY, use_tqdm=False)  # type: ignore[misc]
+    (unsalted,) = llm.generate({form: prompt}, GREEDY, use_tqdm=False)  # type: ignore[misc]
     assert same.num_cached_tokens > 0
     assert other.num_cached_tokens == 0
+    assert unsalted.num_cached_tokens == 0
 
 
 @pytest.mark.spec("ENG-062")
@@ -130,6 +134,30 @@ def test_bad_prompt_dicts_are_refused_by_name(llm: LLM, prompt: Any, named: str)
     with pytest.raises(InvalidRequest, match=named):
         llm.generate(prompt, GREEDY, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.spec("ENG-151", "ENG-152")
+@pytest.mark.parametrize(
+    "ids",
+    [{1, 2}, 7, "abc", b"ab", {"a": 1}, [1, True], [1, 2.0]],
+    ids=["set", "int", "text", "bytes", "dict", "bool", "float"],
+)
+def test_token_ids_that_are_not_a_sequence_of_ints_are_refused(llm: LLM, ids: Any) -> None:
+    with pytest.raises(InvalidRequest, match="prompt_token_ids must"):
+        llm.generate(
+            [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": ids}], GREEDY, use_tqdm=False
+        )
+    assert not llm.engine.has_unfinished_requests()
+    ok = {"prompt_token_ids": (1, 2)}
+    assert llm.generate(ok, GREEDY, use_tqdm=False)[0].prompt_token_ids == (1, 2)  # a tuple
+
+
+@pytest.mark.spec("ENG-153")
+def test_any_iterable_of_prompts_is_a_batch(llm: LLM) -> None:
+    prompts = ["import os", "import sys"]
+    outs = llm.generate((p for p in prompts), GREEDY, use_tqdm=False)
+    assert [o.prompt for o in outs] == prompts
+    assert [o.prompt for o in llm.generate(tuple(prompts), GREEDY, use_tqdm=False)] == prompts
 
 
 @pytest.mark.spec("ENG-061")
