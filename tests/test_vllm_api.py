@@ -5,12 +5,14 @@ The first test is a vLLM user's script, unchanged but for its import line.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from pagedkv import LLM, CompletionOutput, RequestOutput, SamplingParams
 from pagedkv.assets import has_default_model
+from pagedkv.engine.llm import run_to_completion
 from pagedkv.errors import InvalidRequest
 
 pytestmark = pytest.mark.skipif(not has_default_model(), reason="the embedded model is absent")
@@ -184,3 +186,37 @@ def test_samples_on_the_real_model_equal_their_solo_runs(llm: LLM) -> None:
     )
     assert [c.token_ids for c in out.outputs] == [o.token_ids for o in solo]
     assert len({c.token_ids for c in out.outputs}) > 1
+
+
+def progress_line(stderr: str) -> str:
+    """The last state a progress bar drew on ``stderr``."""
+    return stderr.strip().split("\r")[-1].strip()
+
+
+@pytest.mark.spec("ENG-154")
+def test_a_progress_bar_counts_finished_prompts_when_asked(
+    llm: LLM, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = ["import os", "import re"]
+    llm.generate(prompts, GREEDY)  # use_tqdm by default, as vLLM
+    bar = progress_line(capsys.readouterr().err)
+    assert bar.startswith("generating: 100%"), bar
+    assert " 2/2 [" in bar, bar
+    assert re.search(r"(req/s|s/req)\]$", bar), bar  # the unit: requests
+    llm.generate(prompts, GREEDY, use_tqdm=False)
+    run_to_completion(llm.engine, prompts, GREEDY)  # off by default
+    messages = [{"role": "user", "content": "hi"}]
+    llm.chat(messages, GREEDY, use_tqdm=False)
+    assert capsys.readouterr().err == ""
+    llm.chat([messages, messages], GREEDY, use_tqdm=True)
+    assert " 2/2 [" in progress_line(capsys.readouterr().err)
+
+
+@pytest.mark.spec("ENG-023")
+def test_run_to_completion_salts_every_prompt(llm: LLM) -> None:
+    prompt = "import csv\n" * 12
+    run_to_completion(llm.engine, [prompt], GREEDY, cache_salt="csv")
+    (same,) = run_to_completion(llm.engine, [prompt], GREEDY, cache_salt="csv")
+    (unsalted,) = run_to_completion(llm.engine, [prompt], GREEDY)
+    assert same.num_cached_tokens > 0
+    assert unsalted.num_cached_tokens == 0
