@@ -208,7 +208,7 @@ def test_a_progress_bar_counts_finished_prompts_when_asked(
     messages = [{"role": "user", "content": "hi"}]
     llm.chat(messages, GREEDY, use_tqdm=False)
     assert capsys.readouterr().err == ""
-    llm.chat([messages, messages], GREEDY, use_tqdm=True)
+    llm.chat([messages, messages], GREEDY)  # use_tqdm by default
     assert " 2/2 [" in progress_line(capsys.readouterr().err)
 
 
@@ -220,3 +220,17 @@ def test_run_to_completion_salts_every_prompt(llm: LLM) -> None:
     (unsalted,) = run_to_completion(llm.engine, [prompt], GREEDY)
     assert same.num_cached_tokens > 0
     assert unsalted.num_cached_tokens == 0
+
+
+@pytest.mark.spec("ENG-155")
+def test_chat_takes_one_conversation_or_a_list_of_them(llm: LLM) -> None:
+    one = [{"role": "user", "content": "hi"}]
+    other = [{"role": "user", "content": "bye"}]
+    (single,) = llm.chat(one, GREEDY, use_tqdm=False)
+    outs = llm.chat([one, other], GREEDY, use_tqdm=False)
+    assert len(outs) == 2
+    assert outs[0].prompt_token_ids == single.prompt_token_ids
+    assert outs[1].prompt_token_ids != single.prompt_token_ids
+    with pytest.raises(InvalidRequest, match="empty"):
+        llm.chat([], GREEDY, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
