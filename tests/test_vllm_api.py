@@ -12,6 +12,7 @@ import pytest
 
 from pagedkv import LLM, CompletionOutput, RequestOutput, SamplingParams
 from pagedkv.assets import has_default_model
+from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.errors import InvalidRequest
 
@@ -234,3 +235,19 @@ def test_chat_takes_one_conversation_or_a_list_of_them(llm: LLM) -> None:
     with pytest.raises(InvalidRequest, match="empty"):
         llm.chat([], GREEDY, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.spec("ENG-156")
+def test_engine_settings_reach_the_engine() -> None:
+    assert LLM().engine.config == EngineConfig()  # every default is EngineConfig's
+    given = {
+        "num_pages": 40,
+        "max_num_batched_tokens": 100,
+        "max_num_seqs": 3,
+        "max_model_len": 300,
+        "enable_prefix_caching": False,
+        "mode": "v0",
+    }
+    llm = LLM(page_size=4, **given)  # type: ignore[arg-type]
+    assert llm.engine.config == EngineConfig(page_size=4, **given)  # type: ignore[arg-type]
+    assert LLM(page_size=8, block_size=8).engine.config.page_size == 8
