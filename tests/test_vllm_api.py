@@ -12,6 +12,7 @@ import pytest
 
 from pagedkv import LLM, CompletionOutput, RequestOutput, SamplingParams
 from pagedkv.assets import has_default_model
+from pagedkv.engine.chat_template import InvalidTemplateKwargs
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.errors import InvalidRequest
@@ -235,6 +236,13 @@ def test_chat_takes_one_conversation_or_a_list_of_them(llm: LLM) -> None:
     with pytest.raises(InvalidRequest, match="empty"):
         llm.chat([], GREEDY, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+    (alone,) = llm.generate({"prompt_token_ids": single.prompt_token_ids}, GREEDY, use_tqdm=False)
+    assert single.token_ids == alone.token_ids  # generated with the SamplingParams given
+    (by_keyword,) = llm.chat(one, params=GREEDY, use_tqdm=False)
+    assert by_keyword.token_ids == alone.token_ids
+    assert llm.get_default_sampling_params().max_tokens != GREEDY.max_tokens
+    with pytest.raises(InvalidTemplateKwargs, match="'enable_thinking'"):  # not read here
+        llm.chat(one, GREEDY, use_tqdm=False, chat_template_kwargs={"enable_thinking": False})
 
 
 @pytest.mark.spec("ENG-156")
