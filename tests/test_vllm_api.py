@@ -5,6 +5,7 @@ The first test is a vLLM user's script, unchanged but for its import line.
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 from typing import Any
 
@@ -247,7 +248,11 @@ def test_chat_takes_one_conversation_or_a_list_of_them(llm: LLM) -> None:
 
 @pytest.mark.spec("ENG-156")
 def test_engine_settings_reach_the_engine() -> None:
-    assert LLM().engine.config == EngineConfig()  # every default is EngineConfig's
+    before = set(multiprocessing.active_children())
+    default = LLM()
+    assert default.engine.config == EngineConfig()  # every default is EngineConfig's
+    assert default.generate("x", GREEDY, use_tqdm=False)[0].finished
+    assert set(multiprocessing.active_children()) == before  # one rank: no worker started
     given = {
         "num_pages": 40,
         "max_num_batched_tokens": 100,
