@@ -264,3 +264,5 @@ def test_engine_settings_reach_the_engine() -> None:
     llm = LLM(page_size=4, **given)  # type: ignore[arg-type]
     assert llm.engine.config == EngineConfig(page_size=4, **given)  # type: ignore[arg-type]
     assert LLM(page_size=8, block_size=8).engine.config.page_size == 8
+    with pytest.raises(InvalidRequest, match="'tpu'"):  # the device reaches the engine's loader
+        LLM(device="tpu", num_pages=16)
