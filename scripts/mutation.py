@@ -70,6 +70,7 @@ ENGINE_TESTS = (
     "tests/test_model_dir_files.py",
     "tests/test_hf_conventions.py",
     "tests/test_vllm_api.py",
+    "tests/test_chat_template_kwargs.py",
     "conformance/test_engine.py",
     "conformance/test_engine_text.py",
     "conformance/test_engine_observers.py",

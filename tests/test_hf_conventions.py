@@ -80,6 +80,7 @@ def test_a_generation_config_directory_and_bad_values(model_dir: Path, tmp_path:
 @pytest.mark.spec("ENG-081")
 def test_dtype_auto_takes_the_checkpoints(model_dir: Path, tmp_path: Path) -> None:
     llm = LLM(model_dir, num_pages=16, dtype="auto", generation_config="vllm")
+    assert llm.get_default_sampling_params().top_k == SamplingParams().top_k  # "vllm": not 5
     runner = llm.engine.runner
     assert next(runner.model.parameters()).dtype == torch.bfloat16  # type: ignore[attr-defined]
     assert llm.generate("def f", SamplingParams(max_tokens=2), use_tqdm=False)[0].finished

@@ -61,9 +61,8 @@ def test_the_default_tokenizer_round_trips_and_templates_chats() -> None:
     messages = [{"role": "user", "content": "Open a file."}]
     templated = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert ours.apply_chat_template(messages) == ours.encode(templated)
-    assert ours.decode(ours.apply_chat_template(messages)).endswith(
-        "assistant\n"
-    )  # skipped specials
+    assert ours.decode(ours.apply_chat_template(messages)) == "user\nOpen a file.\nassistant\n"
+    assert theirs.decode(ours.apply_chat_template(messages)) == templated  # specials skipped
 
 
 @pytest.mark.spec("ENG-060", "ENG-042", "ENG-034")
@@ -181,3 +180,107 @@ def test_a_generation_config_is_read_as_utf8_whatever_the_locale(tmp_path: Path)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "5"
+
+
+@pytest.mark.spec("SRV-090")
+def test_token_id_is_the_one_token_spelling_a_text() -> None:
+    """What the reasoning parser asks of a tokenizer for each think tag: the id of the single
+    vocabulary token spelling it, or ``None`` for a text of several tokens or none."""
+    from pagedkv.assets import default_model_dir
+
+    tokenizer = Tokenizer(default_model_dir())
+    for tag in ("<|im_end|>", "<|im_start|>"):
+        assert tokenizer.token_id(tag) == tokenizer.hf.convert_tokens_to_ids(tag)
+    (word,) = tokenizer.encode("def")
+    assert tokenizer.token_id("def") == word
+    assert len(tokenizer.encode("<think>")) > 1
+    assert tokenizer.token_id("<think>") is None
+    assert tokenizer.token_id("") is None
+
+
+def copy_tokenizer(directory: Path, *names: str) -> dict[str, object]:
+    """Copy the embedded model's tokenizer files ``names`` into ``directory``; its
+    ``tokenizer.json``, parsed."""
+    import shutil
+
+    from pagedkv.assets import default_model_dir
+
+    source = default_model_dir()
+    for name in names:
+        shutil.copy(source / name, directory / name)
+    parsed: dict[str, object] = json.loads((source / "tokenizer.json").read_text("utf-8"))
+    return parsed
+
+
+@pytest.mark.spec("ENG-060")
+def test_a_tokenizer_from_either_of_its_files(tmp_path: Path) -> None:
+    """``tokenizer.json`` alone is a tokenizer, and so is ``tokenizer_config.json`` with the
+    vocabulary files it needs (a slow tokenizer's ``vocab.json`` and ``merges.txt``)."""
+    from pagedkv.assets import default_model_dir
+
+    text = "def main():\n    return 0\n"
+    expected = Tokenizer(default_model_dir()).encode(text)
+    fast, slow = tmp_path / "fast", tmp_path / "slow"
+    fast.mkdir()
+    slow.mkdir()
+    copy_tokenizer(fast, "tokenizer.json")
+    assert Tokenizer(fast).encode(text) == expected
+    model = copy_tokenizer(slow)["model"]
+    assert isinstance(model, dict)
+    (slow / "vocab.json").write_text(json.dumps(model["vocab"]), "utf-8")
+    merges = ["#version: 0.2", *(" ".join(pair) for pair in model["merges"])]
+    (slow / "merges.txt").write_text("\n".join(merges) + "\n", "utf-8")
+    (slow / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "Qwen2Tokenizer"}), "utf-8"
+    )
+    assert Tokenizer(slow).encode(text) == expected
+
+
+@pytest.mark.spec("ENG-060")
+def test_prompts_are_tokenized_without_special_tokens_added(tmp_path: Path) -> None:
+    """A tokenizer whose post-processor adds a BOS token: text and chat prompts are tokenized
+    without it (a chat template writes every special token itself)."""
+    parsed = copy_tokenizer(tmp_path, "tokenizer_config.json", "special_tokens_map.json")
+    parsed["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}]
+        + [{"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {
+            "<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}
+        },
+    }
+    (tmp_path / "tokenizer.json").write_text(json.dumps(parsed), "utf-8")
+    tokenizer = Tokenizer(tmp_path)
+    with_bos = tokenizer.hf.encode("def")
+    assert with_bos[0] == 1
+    assert tokenizer.encode("def") == with_bos[1:]
+    messages = [{"role": "user", "content": "hi"}]
+    chat = tokenizer.apply_chat_template(messages)
+    assert chat[:2] == [1, tokenizer.encode("user")[0]]  # one <|im_start|>, the template's
+
+
+@pytest.mark.spec("ENG-092")
+def test_the_decoder_asked_for_is_the_decoder_given() -> None:
+    """``DecodeStream`` for a fast tokenizer; the sliding window when asked, or for a tokenizer
+    without a ``tokenizers`` backend."""
+    from pagedkv.assets import default_model_dir
+    from pagedkv.engine.detokenizer import DecodeStreamDecoder, WindowDecoder
+
+    tokenizer = Tokenizer(default_model_dir())
+    assert isinstance(tokenizer.incremental_decoder(), DecodeStreamDecoder)
+    assert isinstance(tokenizer.incremental_decoder(window=False), DecodeStreamDecoder)
+    assert isinstance(tokenizer.incremental_decoder(window=True), WindowDecoder)
+
+    class Slow:
+        """The same tokenizer seen without its ``tokenizers`` backend."""
+
+        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+            return str(tokenizer.hf.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    slow = Tokenizer(default_model_dir())
+    slow._tok = Slow()
+    assert isinstance(slow.incremental_decoder(), WindowDecoder)
+    ids = tokenizer.encode("<|im_start|>def main():")
+    step = slow.incremental_decoder()
+    assert "".join(step(t) for t in ids) == "def main():"

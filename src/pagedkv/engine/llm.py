@@ -35,14 +35,23 @@ def run_to_completion(
     use_tqdm: bool = False,
     cache_salt: str | None = None,
 ) -> list[RequestOutput]:
-    """Queue every prompt, step until all finish; outputs in the order of ``prompts`` (ENG-014)."""
+    """Queue every prompt, step until all finish; outputs in the order of ``prompts`` (ENG-014).
+
+    Raises:
+        InvalidRequest: a prompt or its SamplingParams refused; the prompts queued before it are
+            aborted, so the call leaves nothing queued (ENG-151).
+    """
     per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     if len(per_prompt) != len(prompts):
         raise InvalidRequest(f"{len(per_prompt)} SamplingParams for {len(prompts)} prompts")
-    ids = [
-        engine.add_request(p, sp, cache_salt=cache_salt)
-        for p, sp in zip(prompts, per_prompt, strict=True)
-    ]
+    ids: list[str] = []
+    try:
+        for p, sp in zip(prompts, per_prompt, strict=True):
+            ids.append(engine.add_request(p, sp, cache_salt=cache_salt))
+    except BaseException:
+        for queued in ids:
+            engine.abort(queued)
+        raise
     done: dict[str, RequestOutput] = {}
     with tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm) as bar:
         while engine.has_unfinished_requests():
