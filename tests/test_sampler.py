@@ -94,3 +94,14 @@ def test_sampling_parameters_accept_their_bounds_and_store_tuples() -> None:
     assert params.stop == ("ab",)
     assert params.stop_token_ids == (5, 6)
     assert SamplingParams(stop=["x", "y"]).stop == ("x", "y")
+
+
+@pytest.mark.spec("ENG-040")
+def test_top_p_of_one_keeps_every_token() -> None:
+    """top_p = 1 keeps the whole distribution, even where the float32 cumulative mass of the
+    most likely tokens rounds to 1 before the last ones (as it does over Qwen3's vocabulary):
+    a token of non-zero probability keeps it."""
+    logits = torch.randn(151_936, generator=torch.Generator().manual_seed(0)) * 3
+    probs = filtered_probs(logits, SamplingParams(temperature=1.0, top_p=1.0))
+    assert bool((probs > 0).all())
+    torch.testing.assert_close(probs, torch.softmax(logits, dim=0))
