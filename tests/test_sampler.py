@@ -105,3 +105,13 @@ def test_top_p_of_one_keeps_every_token() -> None:
     probs = filtered_probs(logits, SamplingParams(temperature=1.0, top_p=1.0))
     assert bool((probs > 0).all())
     torch.testing.assert_close(probs, torch.softmax(logits, dim=0))
+
+
+@pytest.mark.spec("ENG-044", "ENG-049")
+def test_log_probabilities_of_no_rows_are_none() -> None:
+    """No rows, no targets: empty lists, not an error."""
+    from pagedkv.engine.sampler import prompt_logprobs, top_logprobs
+
+    empty = torch.zeros(0, 7)
+    assert prompt_logprobs(empty, [], 3) == []
+    assert top_logprobs(empty, []) == []
