@@ -94,3 +94,24 @@ def test_sampling_parameters_accept_their_bounds_and_store_tuples() -> None:
     assert params.stop == ("ab",)
     assert params.stop_token_ids == (5, 6)
     assert SamplingParams(stop=["x", "y"]).stop == ("x", "y")
+
+
+@pytest.mark.spec("ENG-040")
+def test_top_p_of_one_keeps_every_token() -> None:
+    """top_p = 1 keeps the whole distribution, even where the float32 cumulative mass of the
+    most likely tokens rounds to 1 before the last ones (as it does over Qwen3's vocabulary):
+    a token of non-zero probability keeps it."""
+    logits = torch.randn(151_936, generator=torch.Generator().manual_seed(0)) * 3
+    probs = filtered_probs(logits, SamplingParams(temperature=1.0, top_p=1.0))
+    assert bool((probs > 0).all())
+    torch.testing.assert_close(probs, torch.softmax(logits, dim=0))
+
+
+@pytest.mark.spec("ENG-044", "ENG-049")
+def test_log_probabilities_of_no_rows_are_none() -> None:
+    """No rows, no targets: empty lists, not an error."""
+    from pagedkv.engine.sampler import prompt_logprobs, top_logprobs
+
+    empty = torch.zeros(0, 7)
+    assert prompt_logprobs(empty, [], 3) == []
+    assert top_logprobs(empty, []) == []

@@ -230,3 +230,19 @@ def test_a_bias_outside_the_vocabulary_is_refused() -> None:
     with pytest.raises(InvalidSamplingParams, match="logit_bias"):
         e.add_request([1, 2], SamplingParams(logit_bias={VOCAB: 1.0}))
     assert not e.has_unfinished_requests()
+
+
+@pytest.mark.spec("ENG-120")
+def test_stop_tokens_outside_the_vocabulary_are_accepted_and_mask_nothing() -> None:
+    """Stop token ids at and past the vocabulary's end, with ``min_tokens``: the request runs as
+    it does without them (the ids it can generate are still masked), and never fails."""
+    prompt = [7, 8, 9]
+    held = SamplingParams(max_tokens=8, temperature=0, min_tokens=5, stop_token_ids=(3,))
+    (want,) = run_to_completion(engine(), [prompt], held)
+    outside = SamplingParams(
+        max_tokens=8, temperature=0, min_tokens=5, stop_token_ids=(3, VOCAB, VOCAB + 1)
+    )
+    (got,) = run_to_completion(engine(), [prompt], outside)
+    assert got.error is None
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    assert got.outputs[0].finish_reason == want.outputs[0].finish_reason
