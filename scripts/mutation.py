@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import fnmatch
+import json
 import os
 import re
 import shutil
@@ -38,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "mutation"
 EQUIVALENTS = ROOT / "conformance" / "mutation-equivalents.toml"
+#: Each mutant's status after a package's last run, kept in its folder for reruns and reports.
+STATUSES = "statuses.json"
 
 
 @dataclass(frozen=True)
@@ -342,14 +345,23 @@ def run_package(
     if mode == "full":
         work, tests = prepare(package, tests_root, work)
         mutmut(work, "run", "--max-children", str(jobs), log=work / "run.log")
+        statuses = statuses_of(work)
     elif mode == "rerun":
-        alive = [n for n, s in statuses_of(work).items() if s not in KILLED | SKIPPED]
+        # mutmut forgets every result once its configuration changes (the selection may have
+        # grown), so the statuses come from the record of the last run, updated with the
+        # survivors' new ones: a kill by the old tests is a kill by the new, which keep them.
+        statuses = recorded_statuses(work) or statuses_of(work)
+        alive = [n for n, s in statuses.items() if s not in KILLED | SKIPPED]
         tests = [t for t in package.tests if (work / t.split("::")[0]).exists()]
         write_config(work, package, tests)  # the package's selection as it is now
         if alive:
             mutmut(work, "run", "--max-children", str(jobs), *alive, log=work / "rerun.log")
+            now = statuses_of(work)
+            statuses.update({n: now[n] for n in alive if n in now})
+    else:
+        statuses = recorded_statuses(work) or statuses_of(work)
+    (work / STATUSES).write_text(json.dumps(statuses, indent=0, sort_keys=True))
     elapsed = time.monotonic() - started
-    statuses = statuses_of(work)
     counted = {n: s for n, s in statuses.items() if s not in SKIPPED}
     killed = sum(1 for s in counted.values() if s in KILLED)
     survivors = sorted(n for n, s in counted.items() if s not in KILLED)
@@ -387,6 +399,15 @@ def run_package(
         "untriaged": untriaged,
         "seconds": elapsed,
     }
+
+
+def recorded_statuses(work: Path) -> dict[str, str]:
+    """The statuses the last run in ``work`` recorded (empty before any run)."""
+    path = work / STATUSES
+    if not path.exists():
+        return {}
+    loaded: dict[str, str] = json.loads(path.read_text())
+    return loaded
 
 
 def statuses_of(work: Path) -> dict[str, str]:
