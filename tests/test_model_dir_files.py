@@ -284,3 +284,14 @@ def test_the_decoder_asked_for_is_the_decoder_given() -> None:
     ids = tokenizer.encode("<|im_start|>def main():")
     step = slow.incremental_decoder()
     assert "".join(step(t) for t in ids) == "def main():"
+
+
+@pytest.mark.spec("ENG-080")
+def test_a_directory_without_a_generation_config_gives_no_defaults(tmp_path: Path) -> None:
+    """A model directory need not hold ``generation_config.json``: no defaults, not an error,
+    unless the file was asked for."""
+    from pagedkv.engine.generation_config import GenerationDefaults
+
+    assert GenerationDefaults.from_dir(tmp_path) == GenerationDefaults()
+    with pytest.raises(CheckpointError, match=r"generation_config\.json"):
+        GenerationDefaults.from_dir(tmp_path, required=True)
