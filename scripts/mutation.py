@@ -244,7 +244,7 @@ class Equivalents:
     rules: list[tuple[re.Pattern[str], str]]
     #: Mutants a test kills where mutmut cannot see it (in a child process, or in a test kept
     #: out of the selection for its cost): the test, and why mutmut misses it. Counted killed.
-    elsewhere: dict[str, str] = field(default_factory=dict)
+    elsewhere: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def reason(self, name: str, removed: list[str], added: list[str]) -> str | None:
         if name in self.by_name:
@@ -303,7 +303,7 @@ def load_equivalents() -> Equivalents:
     ]
     rules = [(re.compile(r["pattern"]), str(r["reason"])) for r in data.get("rule", [])]
     elsewhere = {
-        name: f"killed by {e['test']}, outside mutmut: {e['reason']}"
+        name: (str(e["test"]), str(e["reason"]))
         for name, e in data.get("killed_elsewhere", {}).items()
     }
     return Equivalents(by_name, arguments, rules, elsewhere)
@@ -371,10 +371,11 @@ def run_package(
     (work / STATUSES).write_text(json.dumps(statuses, indent=0, sort_keys=True))
     elapsed = time.monotonic() - started
     counted = {n: s for n, s in statuses.items() if s not in SKIPPED}
-    for name, how in equivalents.elsewhere.items():
-        if counted.get(name) not in (None, *KILLED):
+    for name, (test, why) in equivalents.elsewhere.items():
+        # Only where the killing test is among the tests run (not in an older tree's).
+        if counted.get(name) not in (None, *KILLED) and (work / test.split("::")[0]).exists():
             counted[name] = "killed"
-            print(f"  {name}: {how}")
+            print(f"  {name}: killed by {test}, outside mutmut: {why}")
     killed = sum(1 for s in counted.values() if s in KILLED)
     survivors = sorted(n for n, s in counted.items() if s not in KILLED)
     score = killed / len(counted) if counted else 0.0
