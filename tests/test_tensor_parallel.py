@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch_threads import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 from pagedkv.backend import ReferenceBackend
 from pagedkv.engine.config import CacheMode, EngineConfig
@@ -61,14 +62,6 @@ def trio() -> Iterator[WorkerGroup]:
     yield group
     group.close()
     assert [p.exitcode for p in group.processes] == [0, 0]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @contextmanager

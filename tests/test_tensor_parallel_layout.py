@@ -4,11 +4,11 @@ cannot split, and reads of blocks only (specs/tensor-parallel.md, TP-001..005, T
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from torch_threads import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 from pagedkv.backend import ReferenceBackend
 from pagedkv.engine.runner_options import RunnerOptions
@@ -44,14 +44,6 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tp-layout")
     names = {preset for preset, _ in CASES}
     return {name: build_tiny_checkpoint(preset_spec(name), root / name) for name in names}
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def expected_block(

@@ -11,13 +11,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import torch
 from server_harness import post_json, running
+from torch_threads import one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import LLM
@@ -45,14 +44,6 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def expected(model: Path) -> list[list[int]]:
     with LLM(model, num_pages=64, page_size=4) as llm:
         return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def free_port() -> int:
