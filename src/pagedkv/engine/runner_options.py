@@ -13,8 +13,9 @@ class RunnerOptions:
     """Options of :class:`~pagedkv.engine.runner.ModelRunner`.
 
     Attributes:
-        pack_weights: repack linear weights for oneDNN where it is faster (bfloat16 on a CPU
-            with bfloat16 kernels; :mod:`pagedkv.model.packing`); elsewhere it changes nothing.
+        pack_weights: repack linear weights for oneDNN where it is faster (float32 on a CPU
+            with oneDNN, bfloat16 where it has bfloat16 kernels; :mod:`pagedkv.model.packing`);
+            elsewhere it changes nothing.
         compile: run decode steps through ``torch.compile`` (inductor), one compiled step per
             fixed shape (:mod:`pagedkv.engine.static_decode`); the first step of each new
             shape pays the compilation. Prefill runs eagerly. v1 runners only.

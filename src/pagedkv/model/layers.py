@@ -21,9 +21,9 @@ from pagedkv.model.tensor_parallel import Collectives, SingleRank
 class Linear(nn.Linear):
     """``nn.Linear`` whose weight may be repacked once for a faster CPU kernel.
 
-    :meth:`pack` swaps the weight for oneDNN's blocked layout (the format its bfloat16
-    matrix-vector and AMX kernels read); the plain weight is then released, so the layer holds
-    one copy. Unpacked, it is exactly ``nn.Linear``.
+    :meth:`pack` swaps the weight for oneDNN's blocked layout (the format its AVX-512 and AMX
+    kernels read); the plain weight is then released, so the layer holds one copy. Unpacked, it
+    is exactly ``nn.Linear``.
     """
 
     packed: torch.Tensor | None = None
