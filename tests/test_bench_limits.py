@@ -26,6 +26,16 @@ def test_gemm_peak_counts_two_operations_per_multiply_add() -> None:
     assert limits.gemm_peak_flops(torch.bfloat16, side=64, repeats=1) > 0
 
 
+def test_gemm_peak_is_the_faster_of_mkl_and_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peak is the machine's: whichever library's product is faster sets it."""
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        pytest.skip("this torch has no oneDNN: torch.mm alone is timed")
+    for mkl_s, onednn_s in ((2.0, 1.0), (1.0, 4.0)):
+        times = iter((mkl_s, onednn_s))
+        monkeypatch.setattr(limits, "fastest", lambda kernel, repeats, device: next(times))
+        assert limits.gemm_peak_flops(side=8) == 2.0 * 8**3 / min(mkl_s, onednn_s)
+
+
 def test_threads_default_to_the_physical_cores() -> None:
     args = cli.build_parser().parse_args([])
     assert args.threads is None  # resolved to physical_cores() by the run

@@ -94,7 +94,7 @@ def results_markdown(document: dict[str, Any]) -> str:
         f"- CPU: {machine.get('cpu_model')}, {machine.get('cores')} cores usable "
         f"({machine.get('physical_cores')} physical), {machine.get('torch_threads')} torch "
         f"thread(s), flags {', '.join(machine.get('cpu_flags') or []) or 'n/a'}, "
-        f"OMP_WAIT_POLICY {machine.get('omp_wait_policy')}",
+        f"OMP_WAIT_POLICY {machine.get('omp_wait_policy') or 'unset (the runtime default)'}",
         f"- Load average (1, 5, 15 min) at start: {machine.get('load_average_start')}, "
         f"at end: {machine.get('load_average_end')}",
         f"- torch {machine.get('torch')}, transformers {machine.get('transformers')}, "
