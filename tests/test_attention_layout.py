@@ -61,6 +61,27 @@ def expected(
     return torch.cat(rows)
 
 
+@pytest.mark.spec("PST-018")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_decode_attention_is_float32_rounded_once(dtype: str) -> None:
+    """Each output element of a 16-bit decode batch is the float64 dense result rounded to the
+    dtype, or one step of it away; attention computed in the 16-bit dtype lands further."""
+    half = getattr(torch, dtype)
+    store = TorchPagedStore(StoreConfig(1, 2, 64, PAGE, 256, dtype=dtype))
+    gen = torch.Generator().manual_seed(3)
+    for pool in (store.key_pool(0), store.value_pool(0)):
+        pool.copy_(torch.randn(pool.shape, generator=gen) * 3)
+    contexts = [150, 140, 149, 131, 147, 9, 121, 150]
+    batch = ragged_batch([1] * len(contexts), contexts)
+    query = (torch.randn(len(contexts), 4, 64, generator=gen) * 3).to(half)
+    got = store.attention(0, query, store.prepare(batch), 0.3)
+    assert got.dtype == half
+    want = expected(store, 0, query.double(), batch)
+    rounded = want.to(half).double()
+    step = (rounded.abs() * torch.finfo(half).eps).clamp_min(torch.finfo(half).tiny)
+    assert float(((got.double() - rounded).abs() / step).max()) <= 1.0
+
+
 class NoHostSync:
     """Fails the test if a tensor's value is read on the host while it is active."""
 
