@@ -32,7 +32,9 @@ def test_gemm_peak_is_the_faster_of_mkl_and_onednn(monkeypatch: pytest.MonkeyPat
         pytest.skip("this torch has no oneDNN: torch.mm alone is timed")
     for mkl_s, onednn_s in ((2.0, 1.0), (1.0, 4.0)):
         times = iter((mkl_s, onednn_s))
-        monkeypatch.setattr(limits, "fastest", lambda kernel, repeats, device: next(times))
+        monkeypatch.setattr(
+            limits, "fastest", lambda kernel, repeats, device, times=times: next(times)
+        )
         assert limits.gemm_peak_flops(side=8) == 2.0 * 8**3 / min(mkl_s, onednn_s)
 
 
