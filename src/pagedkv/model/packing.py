@@ -3,7 +3,9 @@
 torch's plain ``F.linear`` on a CPU weight calls MKL (float32) or a generic matrix-vector
 product (bfloat16); oneDNN reads a weight repacked once into its blocked layout with AVX-512 or
 AMX kernels. Measured on the benchmark machine (2 cores, AVX-512, torch 2.13, both threads;
-``bench/README.md``), the linear layers of the Qwen3-0.6B shape, every weight read from memory:
+``bench/README.md``), the linear layers of the Qwen3-0.6B shape, every weight read from memory
+(packed for one row; packed for :data:`~pagedkv.model.layers.PACKED_FOR_ROWS`, as they are,
+faster again):
 
 | dtype    | rows | ``F.linear`` | oneDNN, packed |
 |----------|------|--------------|----------------|
