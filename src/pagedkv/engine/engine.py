@@ -368,8 +368,9 @@ class LLMEngine:
                 where.append(last)
         if not rows:
             return [None] * len(spans)
-        picked = logits.index_select(0, torch.tensor(where, dtype=torch.int64))
-        tokens = self._sample_rows(picked, rows)
+        if where != list(range(logits.shape[0])):  # else every row is sampled, in order
+            logits = logits.index_select(0, torch.tensor(where, dtype=torch.int64))
+        tokens = self._sample_rows(logits, rows)
         sampled: list[SampledToken | SampleError | None] = []
         for span in spans:
             if span is None:
@@ -387,13 +388,16 @@ class LLMEngine:
     ) -> list[SampledToken | SampleError]:
         """Every row in one batch; rows with NaN logits fail alone, and if the batch raises
         anyway, each row is sampled on its own so that only the rows that raise fail."""
-        bad = set(torch.isnan(logits).any(dim=1).nonzero().flatten().tolist())
+        # A row's maximum is NaN exactly when the row holds one: one pass, no [R, vocab] mask.
+        bad = set(torch.isnan(logits.amax(dim=1)).nonzero().flatten().tolist())
         good = [i for i in range(len(rows)) if i not in bad]
         out: list[SampledToken | SampleError] = [
             SampleError("sampling failed: the model's logits hold NaN") for _ in rows
         ]
         try:
-            picked = logits.index_select(0, torch.tensor(good, dtype=torch.int64))
+            picked = logits
+            if bad:
+                picked = logits.index_select(0, torch.tensor(good, dtype=torch.int64))
             results = sample_rows(picked, [rows[i] for i in good], self.scheduler.eos_ids)
             for i, result in zip(good, results, strict=True):
                 out[i] = _sampled_token(result, rows[i].params)

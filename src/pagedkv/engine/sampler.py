@@ -195,7 +195,9 @@ def sample_rows(
     """
     if not rows:
         return []
-    processed = processed_logits(logits, rows, stop_ids)
+    logits = logits.float()
+    # Without a control to apply, the logits are read as they are: no [R, vocab] copy.
+    processed = processed_logits(logits, rows, stop_ids) if _controlled(rows) else logits
     tokens = torch.argmax(processed, dim=1)
     random = [i for i, r in enumerate(rows) if not r.params.greedy]
     if random:
@@ -204,13 +206,22 @@ def sample_rows(
             processed.index_select(0, picked), [rows[i].params for i in random]
         )
         tokens.index_copy_(0, picked, _draw(probs, [rows[i].generator for i in random]))
-    raw = torch.log_softmax(logits.float(), dim=1)
+    raw = torch.log_softmax(logits, dim=1)
     chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
     tops = top_logprobs(raw, [r.params.logprobs or 0 for r in rows])
     return [
         Sampled(int(t), float(lp), top)
         for t, lp, top in zip(tokens.tolist(), chosen, tops, strict=True)
     ]
+
+
+def _controlled(rows: Sequence[SampleRow]) -> bool:
+    """Whether :func:`processed_logits` would change any row: a row still short of its
+    ``min_tokens``, with a ``logit_bias`` or with a penalty."""
+    return any(
+        len(r.output_token_ids) < r.params.min_tokens or r.params.bias or r.params.has_penalties
+        for r in rows
+    )
 
 
 def top_logprobs(

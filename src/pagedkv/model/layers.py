@@ -17,7 +17,6 @@ from torch import nn
 
 from pagedkv.model.tensor_parallel import Collectives, SingleRank
 
-
 #: The batch size oneDNN chooses a packed weight's blocked layout for. Measured on the 0.6B
 #: shape's 28 layers (2 threads, AVX-512 without AMX): packed for 32 rows, float32 products of
 #: 1, 8 and 32 rows took 31, 40 and 87 ms against 54, 68 and 114 ms packed for 1 row (bfloat16:
