@@ -113,8 +113,8 @@ def _measure_dtype(
         f"{short}_fraction_of_bound",
         median(fractions),
         f"{dtype} batch-1 decode tokens/s of pagedkv over the bandwidth bound (the best "
-        "float32 read rate of a GEMV, a sum and a copy / weight bytes per token, measured "
-        "beside each repetition, the same for every dtype)",
+        "float32 read rate of GEMVs through MKL and oneDNN, a sum and a copy / weight bytes per "
+        "token, measured beside each repetition, the same for every dtype)",
     )
     result.add_target(
         f"{short}_fraction_of_bound",

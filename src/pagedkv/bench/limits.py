@@ -2,7 +2,8 @@
 
 * **Read bandwidth** bounds batch-1 decode, which reads every weight once per token. It is the
   best of several kernels that stream one large float32 tensor (many times the size of the CPU
-  caches): a matrix-vector product, a sum and a copy (counting the bytes read). Taking the best
+  caches): matrix-vector products (MKL's, and oneDNN's on the tensor packed for it), a sum and
+  a copy (counting the bytes read). Taking the best
   keeps the bound from depending on how fast any one kernel, or the dtype under test, is:
   every dtype's decode is compared with the same bytes per second.
 * **GEMM peak** bounds prefill and batched decode: the floating-point operations per second of
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+
+from pagedkv.model.layers import PACKED_FOR_ROWS
 
 #: Side of the square float32 matrix the read kernels stream: 16384^2 * 4 bytes = 1 GiB, more
 #: than twice the largest last-level cache seen on the benchmark machines.
@@ -73,7 +76,9 @@ def fastest(kernel: Callable[[], object], repeats: int, device: str = "cpu") -> 
 
 
 def read_bandwidth(side: int = READ_SIDE, repeats: int = 3, device: str = "cpu") -> ReadBandwidth:
-    """Bytes per second the machine reads from memory, by three float32 kernels."""
+    """Bytes per second the machine reads from memory, by float32 kernels: matrix-vector
+    products through MKL (``F.linear``) and, on a CPU with oneDNN, through oneDNN on the matrix
+    packed for it (the kernel pagedkv's decode runs), a sum and a copy."""
     generator = torch.Generator().manual_seed(0)
     matrix = torch.empty(side, side).normal_(generator=generator).to(device)
     vector = torch.ones(1, side, device=device)
@@ -82,6 +87,14 @@ def read_bandwidth(side: int = READ_SIDE, repeats: int = 3, device: str = "cpu")
     with torch.inference_mode():
         gemv = fastest(lambda: F.linear(vector, matrix), repeats, device)
         kernels["fp32_gemv"] = nbytes / gemv
+        if device == "cpu" and torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+            packed = torch.ops.mkldnn._reorder_linear_weight(matrix, PACKED_FOR_ROWS)
+            kernels["fp32_gemv_onednn"] = nbytes / fastest(
+                lambda: torch.ops.mkldnn._linear_pointwise(vector, packed, None, "none", [], ""),
+                repeats,
+                device,
+            )
+            del packed
         kernels["sum"] = nbytes / fastest(matrix.sum, repeats, device)
         target = torch.empty_like(matrix)
         kernels["copy"] = nbytes / fastest(lambda: target.copy_(matrix), repeats, device)
