@@ -25,7 +25,12 @@ from pagedkv.engine.static_decode import MIN_WIDTH, StaticDecode, bucket
 from pagedkv.errors import InvalidRequest
 from pagedkv.model.layers import Linear
 from pagedkv.model.loader import load_model
-from pagedkv.model.packing import pack_linear_weights, packing_supported, weight_nbytes
+from pagedkv.model.packing import (
+    is_packed,
+    pack_linear_weights,
+    packing_supported,
+    weight_nbytes,
+)
 from pagedkv.model.step_attention import PagedStepAttention
 from pagedkv.store.paged_store import TorchPagedStore
 from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint, one_torch_thread
@@ -134,6 +139,22 @@ def test_options_a_runner_cannot_honour_are_refused(checkpoint: Path) -> None:
         ModelRunner.from_model_dir(
             checkpoint, num_pages=None, page_size=PAGE, options=RunnerOptions(compile=True)
         )
+    with pytest.raises(InvalidRequest, match="compile needs plain weights"):
+        paged_runner(checkpoint, RunnerOptions(compile=True, pack_weights=True))
+    packed = paged_runner(checkpoint)  # packs where oneDNN is faster
+    if is_packed(packed.model):
+        with pytest.raises(InvalidRequest, match="packed by another runner"):
+            ModelRunner.paged(packed.model, runner_store(packed), RunnerOptions(compile=True))
+
+
+@pytest.mark.spec("ENG-111")
+def test_compiling_runners_leave_the_weights_plain(checkpoint: Path) -> None:
+    """Unset, pack_weights packs unless compile is on; a compiling runner's model stays plain."""
+    assert RunnerOptions().packs
+    assert RunnerOptions(pack_weights=True).packs
+    assert not RunnerOptions(compile=True).packs
+    assert not RunnerOptions(pack_weights=False).packs
+    assert not is_packed(paged_runner(checkpoint, RunnerOptions(compile=True)).model)
 
 
 #: How far a packed layer's output may be from the plain one's, by dtype: float32 differs only

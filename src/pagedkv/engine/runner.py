@@ -19,7 +19,7 @@ from pagedkv.engine.static_decode import StaticDecode
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
 from pagedkv.model.loader import load_model
-from pagedkv.model.packing import pack_linear_weights, weight_nbytes
+from pagedkv.model.packing import is_packed, pack_linear_weights, weight_nbytes
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.model.step_attention import PagedStepAttention, RecomputeStepAttention, StepAttention
 from pagedkv.plan import StepPlan
@@ -33,8 +33,9 @@ class ModelRunner:
     """Runs plans on a model; the only place the engine's work meets tensors of the model.
 
     Build it with :meth:`paged`, :meth:`recompute` or :meth:`from_model_dir`. Packing the
-    weights (``options.pack_weights``) changes the model itself, once: a model given to several
-    runners stays packed. Compiled or captured decode steps belong to this runner.
+    weights (``options.packs``) changes the model itself, once: a model given to several
+    runners stays packed, and a compiling runner refuses it. Compiled or captured decode steps
+    belong to this runner.
 
     Attributes:
         model: the Qwen3 model.
@@ -54,7 +55,12 @@ class ModelRunner:
         self._prepare = prepare
         self._store = store
         self._static = static_decode
-        if self.options.pack_weights:
+        if self.options.compile and (self.options.packs or is_packed(model)):
+            raise InvalidRequest(
+                "compile needs plain weights: inductor cannot lower oneDNN's packed ones "
+                "(pack_weights=True, or a model packed by another runner)"
+            )
+        if self.options.packs:
             pack_linear_weights(model)
 
     @property

@@ -15,7 +15,9 @@ class RunnerOptions:
     Attributes:
         pack_weights: repack linear weights for oneDNN where it is faster (float32 on a CPU
             with oneDNN, bfloat16 where it has bfloat16 kernels; :mod:`pagedkv.model.packing`);
-            elsewhere it changes nothing.
+            elsewhere it changes nothing. ``None`` (the default): pack unless ``compile`` is on,
+            since inductor cannot lower oneDNN's packed weights (and packs its own); ``True``
+            with ``compile`` is refused.
         compile: run decode steps through ``torch.compile`` (inductor), one compiled step per
             fixed shape (:mod:`pagedkv.engine.static_decode`); the first step of each new
             shape pays the compilation. Prefill runs eagerly. v1 runners only.
@@ -23,6 +25,11 @@ class RunnerOptions:
             (:mod:`pagedkv.engine.static_decode`); v1 runners on a CUDA device only.
     """
 
-    pack_weights: bool = True
+    pack_weights: bool | None = None
     compile: bool = False
     cuda_graphs: bool = False
+
+    @property
+    def packs(self) -> bool:
+        """Whether the runner packs its model's weights (``pack_weights`` resolved)."""
+        return self.pack_weights if self.pack_weights is not None else not self.compile

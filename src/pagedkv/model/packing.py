@@ -70,6 +70,11 @@ def pack_linear_weights(model: Qwen3ForCausalLM) -> int:
     return packed
 
 
+def is_packed(model: nn.Module) -> bool:
+    """Whether any :class:`~pagedkv.model.layers.Linear` of ``model`` holds a packed weight."""
+    return any(isinstance(m, Linear) and m.packed is not None for m in model.modules())
+
+
 def weight_nbytes(model: nn.Module) -> int:
     """Bytes of ``model``'s weights, a packed weight counted as its plain size."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
