@@ -3,9 +3,9 @@
 * **Read bandwidth** bounds batch-1 decode, which reads every weight once per token. It is the
   best of several kernels that stream one large float32 tensor (many times the size of the CPU
   caches): matrix-vector products (MKL's, and oneDNN's on the tensor packed for it), a sum and
-  a copy (counting the bytes read). Taking the best
-  keeps the bound from depending on how fast any one kernel, or the dtype under test, is:
-  every dtype's decode is compared with the same bytes per second.
+  a copy (counting the bytes read). Taking the best keeps the bound from depending on how fast
+  any one kernel, or the dtype under test, is: every dtype's decode is compared with the same
+  bytes per second.
 * **GEMM peak** bounds prefill and batched decode: the floating-point operations per second of
   a large float32 matrix product, the best of MKL's (``torch.mm``) and oneDNN's on a weight
   packed for it (which pagedkv itself runs: on the benchmark machine it reached about twice
