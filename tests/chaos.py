@@ -193,7 +193,10 @@ def plan(config: ChaosConfig) -> list[Planned]:
                 index=i,
                 prompt=(*key, *body, *tail),
                 params=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed),
-                stream=disconnect == "mid-stream" or rng.random() < 0.5,
+                # A client leaving before its response sends a plain request: a stream of
+                # events less than its 0.05 s read timeout apart would be read whole.
+                stream=disconnect == "mid-stream"
+                or (rng.random() < 0.5 and disconnect != "before-response"),
                 poisoned=poisoned,
                 disconnect=disconnect,
             )
