@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from pagedkv.model.layers import PACKED_FOR_ROWS
+from pagedkv.model.layers import onednn_linear, onednn_pack
+from pagedkv.model.packing import packing_supported
 
 #: Side of the square float32 matrix the read kernels stream: 16384^2 * 4 bytes = 1 GiB, more
 #: than twice the largest last-level cache seen on the benchmark machines.
@@ -87,12 +88,10 @@ def read_bandwidth(side: int = READ_SIDE, repeats: int = 3, device: str = "cpu")
     with torch.inference_mode():
         gemv = fastest(lambda: F.linear(vector, matrix), repeats, device)
         kernels["fp32_gemv"] = nbytes / gemv
-        if device == "cpu" and torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
-            packed = torch.ops.mkldnn._reorder_linear_weight(matrix, PACKED_FOR_ROWS)
+        if packing_supported(matrix.dtype, matrix.device):
+            packed = onednn_pack(matrix)
             kernels["fp32_gemv_onednn"] = nbytes / fastest(
-                lambda: torch.ops.mkldnn._linear_pointwise(vector, packed, None, "none", [], ""),
-                repeats,
-                device,
+                lambda: onednn_linear(vector, packed), repeats, device
             )
             del packed
         kernels["sum"] = nbytes / fastest(matrix.sum, repeats, device)
@@ -114,14 +113,7 @@ def gemm_peak_flops(
     b = torch.empty(side, side).normal_(generator=generator).to(device, dtype)
     with torch.inference_mode():
         seconds = fastest(lambda: torch.mm(a, b), repeats, device)
-        if device == "cpu" and torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
-            packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), side)
-            seconds = min(
-                seconds,
-                fastest(
-                    lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""),
-                    repeats,
-                    device,
-                ),
-            )
+        if packing_supported(b.dtype, b.device):
+            packed = onednn_pack(b.t(), rows=side)
+            seconds = min(seconds, fastest(lambda: onednn_linear(a, packed), repeats, device))
     return 2.0 * side**3 / seconds

@@ -25,6 +25,23 @@ from pagedkv.model.tensor_parallel import Collectives, SingleRank
 PACKED_FOR_ROWS = 32
 
 
+def onednn_pack(weight: torch.Tensor, rows: int = PACKED_FOR_ROWS) -> torch.Tensor:
+    """``weight`` ``[out, in]`` repacked into oneDNN's blocked layout for products of about
+    ``rows`` rows (an opaque oneDNN tensor, read only by :func:`onednn_linear`)."""
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+    return packed
+
+
+def onednn_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` through oneDNN, ``packed`` from :func:`onednn_pack`."""
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+        x, packed, None if bias is None else bias.detach(), "none", [], ""
+    )
+    return out
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` whose weight may be repacked once for a faster CPU kernel.
 
@@ -41,9 +58,7 @@ class Linear(nn.Linear):
         """Repack the weight for oneDNN (see :mod:`pagedkv.model.packing`); idempotent."""
         if self.packed is None:
             self.packed_itemsize = self.weight.element_size()
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(
-                self.weight.detach(), PACKED_FOR_ROWS
-            )
+            self.packed = onednn_pack(self.weight)
             self.register_parameter("weight", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -54,10 +69,7 @@ class Linear(nn.Linear):
         """``x @ weight.T``, plus the bias (if any) when ``with_bias``."""
         bias = self.bias if with_bias else None
         if self.packed is not None:
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x, self.packed, None if bias is None else bias.detach(), "none", [], ""
-            )
-            return out
+            return onednn_linear(x, self.packed, bias)
         return F.linear(x, self.weight, bias)
 
 
