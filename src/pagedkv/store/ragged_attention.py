@@ -39,6 +39,9 @@ GROUP_ROWS = 128
 #: Contexts spanning a factor ``r`` take at most ``1 + log(r) / log(1 / DECODE_FILL)`` calls.
 DECODE_FILL = 0.7
 
+#: The 16-bit float dtypes, whose decode attention runs in float32 on the CPU (PST-018).
+_HALF = (torch.bfloat16, torch.float16)
+
 #: ``kv_index(seq_ids, width)``: ``[len(seq_ids), width]`` int64 flat K/V index of positions
 #: ``0..width-1`` of each sequence (indices past a sequence's context are never read unmasked).
 KVIndex = Callable[[list[int], int], torch.Tensor]
@@ -254,7 +257,3 @@ def _compute_dtype(query: torch.Tensor, q_len: int) -> torch.dtype:
     if q_len == 1 and query.device.type == "cpu" and query.dtype in _HALF:
         return torch.float32
     return query.dtype
-
-
-#: The 16-bit float dtypes.
-_HALF = (torch.bfloat16, torch.float16)
