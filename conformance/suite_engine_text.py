@@ -8,12 +8,13 @@ still say exactly which tokens each request must produce.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from pagedkv.assets import default_model_dir
 from pagedkv.engine.outputs import FinishReason, RequestOutput
-from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.params import OutputKind, SamplingParams
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import Backend
@@ -93,6 +94,32 @@ class EngineTextSuite:
         assert outputs[-1].finished
         assert "".join(o.new_text for o in outputs) == outputs[-1].text
         assert outputs[-1].text == tokenizer.decode(outputs[-1].token_ids)
+
+    @pytest.mark.spec("ENG-157")
+    def test_final_only_returns_the_finished_output_alone(
+        self, backend: Backend, tokenizer: Tokenizer
+    ) -> None:
+        """A ``final_only`` request gets one output from ``step()``, once it has finished: the
+        tokens and text of the same request run ``every_step``, its deltas the whole of them;
+        an ``every_step`` request beside it still gets an output from every step."""
+        params = SamplingParams(max_tokens=12, temperature=0.0)
+        eut = text_engine(backend, tokenizer)
+        final_only = replace(params, output_kind=OutputKind.FINAL_ONLY)
+        waiting = eut.engine.add_request(PROMPTS[0], final_only)
+        beside = eut.engine.add_request(PROMPTS[1], params)
+        seen: dict[str, list[RequestOutput]] = {waiting: [], beside: []}
+        while eut.engine.has_unfinished_requests():
+            for output in eut.engine.step():
+                seen[output.request_id].append(output)
+        assert len(seen[waiting]) == 1, "a final_only request got outputs before its end"
+        assert len(seen[beside]) == 12
+        final = seen[waiting][0]
+        (alone,) = stream_of(text_engine(backend, tokenizer), PROMPTS[0], params)[-1:]
+        assert final.finished
+        assert final.token_ids == alone.token_ids
+        assert final.text == alone.text != ""
+        assert final.new_text == final.text
+        assert final.outputs[0].new_token_ids == final.token_ids
 
     @pytest.mark.spec("ENG-043")
     def test_stop_strings_end_generation_and_are_trimmed(

@@ -548,7 +548,8 @@ class Engine(Protocol):
         ...
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled batch; the outputs of the requests it advanced."""
+        """Run one scheduled batch; the outputs of the requests it advanced (a request asked
+        ``final_only`` only once it has ended, ENG-157)."""
         ...
 
     def abort(self, request_id: str) -> RequestOutput | None:

@@ -234,6 +234,13 @@ MUTANTS: dict[str, Mutant] = {
         (TEXT + "test_a_stream_adds_up_to_the_text",),
         engine=eng.NewTextIsWholeText,
     ),
+    "engine_output_kind_ignored": _full(
+        "engine",
+        "output_kind ignored",
+        (),
+        (TEXT + "test_final_only_returns_the_finished_output_alone",),
+        engine=eng.OutputKindIgnored,
+    ),
     "engine_preempted_queue_last": _full(
         "engine",
         "preempted requests queue behind later arrivals",

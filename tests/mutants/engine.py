@@ -18,7 +18,7 @@ import torch
 
 from pagedkv.engine.generation_config import GenerationDefaults
 from pagedkv.engine.outputs import EngineStats, RequestOutput, StepReport
-from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.params import OutputKind, SamplingParams
 from pagedkv.engine.prompts import PromptType
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.interfaces import Engine
@@ -138,6 +138,16 @@ class NewTextIsWholeText(_EngineWrapper):
     def output(self, output: RequestOutput) -> RequestOutput:
         outputs = tuple(dataclasses.replace(c, new_text=c.text) for c in output.outputs)
         return dataclasses.replace(output, outputs=outputs)
+
+
+class OutputKindIgnored(_EngineWrapper):
+    """(engine-f) ``output_kind`` is dropped from the request: a ``final_only`` request gets
+    an output from every step (ENG-157)."""
+
+    def params(self, params: SamplingParams | None) -> SamplingParams | None:
+        if params is None:
+            return None
+        return dataclasses.replace(params, output_kind=OutputKind.EVERY_STEP)
 
 
 # -- adjustments of the reference engine's internals ---------------------------------------------

@@ -11,7 +11,7 @@ from pagedkv.bench.requests import BenchRequest
 from pagedkv.bench.run import RunResult
 from pagedkv.engine.config import CacheMode, EngineConfig
 from pagedkv.engine.outputs import RequestOutput, StepReport
-from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.params import OutputKind, SamplingParams
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.interfaces import Engine, StepRunner
@@ -74,8 +74,14 @@ def make_engine(
 
 
 def greedy_params(max_tokens: int) -> SamplingParams:
-    """Greedy decoding of exactly ``max_tokens`` tokens (EOS ignored)."""
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    """Greedy decoding of exactly ``max_tokens`` tokens (EOS ignored), the output returned
+    once, at the end (ENG-157), as ``generate`` asks and as the peers return theirs."""
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.0,
+        ignore_eos=True,
+        output_kind=OutputKind.FINAL_ONLY,
+    )
 
 
 def run_engine(

@@ -251,7 +251,8 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled batch; returns the outputs of the requests it advanced or failed
-        (finish reason ``error``, ENG-070..072).
+        (finish reason ``error``, ENG-070..072), a ``final_only`` one's only once it has ended
+        (ENG-157).
 
         Raises:
             RunnerFailed: the runner can run no more steps (TP-022); the engine has ended.

@@ -21,7 +21,7 @@ from pagedkv.engine.outputs import (
     RequestOutput,
     TokenLogprobs,
 )
-from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.params import OutputKind, SamplingParams
 from pagedkv.engine.request import Request
 from pagedkv.engine.sampler import prompt_logprobs
 
@@ -74,9 +74,14 @@ class RequestGroup:
 
     @property
     def hidden(self) -> bool:
-        """Whether outputs wait for the end: ``best_of`` above ``n`` chooses completions only
-        once all are done, so none is shown before."""
-        return self.params.num_sequences > self.params.n and not self.finished
+        """Whether outputs wait for the end: asked ``final_only`` (ENG-157), or ``best_of``
+        above ``n``, which chooses completions only once all are done, so none is shown
+        before. Nothing is reported before the end, so the end's deltas are everything."""
+        waits = (
+            self.params.output_kind is OutputKind.FINAL_ONLY
+            or self.params.num_sequences > self.params.n
+        )
+        return waits and not self.finished
 
     # -- text -------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ A vLLM user's script runs unchanged (ENG-061): ``LLM()`` loads the embedded mode
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,7 +17,7 @@ from tqdm import tqdm
 
 from pagedkv.engine.config import CacheMode, EngineConfig
 from pagedkv.engine.outputs import RequestOutput
-from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.params import OutputKind, SamplingParams
 from pagedkv.engine.prompts import PromptType, is_one_prompt
 from pagedkv.engine.tokenizer import Message
 from pagedkv.errors import InvalidRequest
@@ -37,11 +38,15 @@ def run_to_completion(
 ) -> list[RequestOutput]:
     """Queue every prompt, step until all finish; outputs in the order of ``prompts`` (ENG-014).
 
+    Every request runs ``final_only`` (ENG-157): only final outputs are returned, so the
+    engine builds no other.
+
     Raises:
         InvalidRequest: a prompt or its SamplingParams refused; the prompts queued before it are
             aborted, so the call leaves nothing queued (ENG-151).
     """
-    per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    given = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    per_prompt = [replace(p, output_kind=OutputKind.FINAL_ONLY) for p in given]
     if len(per_prompt) != len(prompts):
         raise InvalidRequest(f"{len(per_prompt)} SamplingParams for {len(prompts)} prompts")
     ids: list[str] = []

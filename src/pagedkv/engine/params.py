@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from pagedkv.errors import InvalidRequest
 
@@ -19,6 +20,19 @@ MAX_LOGIT_BIAS = 100.0
 
 class InvalidSamplingParams(InvalidRequest):
     """A sampling parameter is out of range; the message names it."""
+
+
+class OutputKind(StrEnum):
+    """When ``step()`` returns a request's outputs (ENG-157; vLLM's ``RequestOutputKind``).
+
+    There is no delta-only kind: every output carries both the tokens so far and the new ones.
+    """
+
+    #: After every step that advanced the request (ENG-013).
+    EVERY_STEP = "every_step"
+    #: Once, when the request has ended: a caller that reads only final outputs (``generate``)
+    #: spares the engine building one per request per step.
+    FINAL_ONLY = "final_only"
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,8 @@ class SamplingParams:
         prompt_logprobs: the log-probability of every prompt token after the first (and the
             this many most likely tokens at each position); ``None`` for none.
         include_stop_str_in_output: keep the stop string that ended the output in its text.
+        output_kind: when ``step()`` returns the request's outputs (:class:`OutputKind`, or its
+            name).
     """
 
     max_tokens: int = 16
@@ -78,6 +94,7 @@ class SamplingParams:
     min_tokens: int = 0
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
+    output_kind: OutputKind = OutputKind.EVERY_STEP
 
     def __post_init__(self) -> None:
         # Accept lists from callers (JSON, CLI) but store tuples: the object stays hashable.
@@ -86,6 +103,7 @@ class SamplingParams:
         object.__setattr__(self, "stop", stop)
         bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        object.__setattr__(self, "output_kind", _output_kind(self.output_kind))
         self._check_ranges()
         self._check_extensions()
 
@@ -156,3 +174,12 @@ class SamplingParams:
         return bool(
             self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
         )
+
+
+def _output_kind(value: OutputKind | str) -> OutputKind:
+    """``value`` as an :class:`OutputKind` (a kind, or its name)."""
+    try:
+        return OutputKind(value)
+    except ValueError:
+        names = ", ".join(kind.value for kind in OutputKind)
+        raise InvalidSamplingParams(f"output_kind must be one of {names}, got {value!r}") from None
