@@ -158,6 +158,45 @@ def test_compiling_runners_leave_the_weights_plain(checkpoint: Path) -> None:
     assert not is_packed(paged_runner(checkpoint, RunnerOptions(compile=True)).model)
 
 
+@pytest.mark.spec("ENG-114", "ENG-111")
+@pytest.mark.parametrize(
+    ("wanted", "device_type", "applies"),
+    [(None, "cpu", True), (None, "cuda", False), (False, "cpu", False), (True, "cuda", True)],
+)
+def test_retain_freed_memory_applies_as_asked(
+    checkpoint: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    wanted: bool | None,
+    device_type: str,
+    applies: bool,
+) -> None:
+    """Unset, a runner keeps freed memory for a model on the CPU only; ``False`` never,
+    ``True`` wherever the model is (the setting is the host process's)."""
+    calls: list[bool] = []
+
+    def retain() -> bool:
+        calls.append(True)
+        return True
+
+    monkeypatch.setattr("pagedkv.engine.runner.retain_freed_memory", retain)
+    runner = paged_runner(checkpoint, RunnerOptions(retain_freed_memory=wanted))
+    if device_type != "cpu":  # no model can be put there: the runner's own check, on it
+        calls.clear()
+        runner._retain_freed_memory(torch.device(device_type))
+    assert calls == ([True] if applies else [])
+
+
+@pytest.mark.spec("ENG-114", "ENG-111")
+def test_retain_freed_memory_without_mallopt(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked for where the C library cannot, it is refused naming it; unset, nothing happens."""
+    monkeypatch.setattr("pagedkv.engine.runner.retain_freed_memory", lambda: False)
+    with pytest.raises(InvalidRequest, match="retain_freed_memory"):
+        paged_runner(checkpoint, RunnerOptions(retain_freed_memory=True))
+    assert paged_runner(checkpoint).options.retain_freed_memory is None
+
+
 #: How far a packed layer's output may be from the plain one's, by dtype: float32 differs only
 #: by the order of its sums (measured 2.4e-7 on these inputs), bfloat16 by its rounding.
 PACKED_TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (0.05, 0.02)}

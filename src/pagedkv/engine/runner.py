@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from pagedkv.engine.host_memory import retain_freed_memory
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.engine.static_decode import StaticDecode
 from pagedkv.errors import InvalidRequest
@@ -62,6 +63,21 @@ class ModelRunner:
             )
         if self.options.packs:
             pack_linear_weights(model)
+        self._retain_freed_memory(next(model.parameters()).device)
+
+    def _retain_freed_memory(self, device: torch.device) -> None:
+        """Apply ``options.retain_freed_memory`` (ENG-114).
+
+        Raises:
+            InvalidRequest: ``True`` where the C library cannot keep freed memory.
+        """
+        wanted = self.options.retain_freed_memory
+        if wanted is False or (wanted is None and device.type != "cpu"):
+            return
+        if not retain_freed_memory() and wanted:
+            raise InvalidRequest(
+                "retain_freed_memory needs glibc's mallopt; this process's C library has none"
+            )
 
     @property
     def weight_bytes(self) -> int:

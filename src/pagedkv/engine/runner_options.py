@@ -23,11 +23,17 @@ class RunnerOptions:
             shape pays the compilation. Prefill runs eagerly. v1 runners only.
         cuda_graphs: replay decode steps from CUDA graphs captured per fixed shape
             (:mod:`pagedkv.engine.static_decode`); v1 runners on a CUDA device only.
+        retain_freed_memory: keep the memory steps free inside the process, so that their
+            large temporaries are not faulted in again layer after layer
+            (:mod:`pagedkv.engine.host_memory`; a setting of the whole process). ``None``
+            (the default): on for a model on the CPU where the C library is glibc; ``True``
+            where it is not is refused.
     """
 
     pack_weights: bool | None = None
     compile: bool = False
     cuda_graphs: bool = False
+    retain_freed_memory: bool | None = None
 
     @property
     def packs(self) -> bool:

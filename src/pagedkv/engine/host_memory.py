@@ -1,0 +1,48 @@
+"""Keeping the memory a step frees inside the process, so the next layer does not fault it in.
+
+glibc gives a freed block back to the system when it was mmapped (blocks above
+``M_MMAP_THRESHOLD``) or when the free top of the heap passes ``M_TRIM_THRESHOLD``; its
+dynamic thresholds follow the largest block freed so far, but not the sum of a layer's
+temporaries. A bfloat16 decode step of 32 sequences of about 150 positions (the Qwen3-0.6B
+shape) frees 58 MB of K/V gathers and their float32 copies in every layer: measured on two
+cores, each layer's attention faulted 14,000 pages back in (19 ms against 4.5 ms without the
+faults), and a whole engine step faulted 176 MB and took 269 ms against 227 ms with the
+thresholds raised. vLLM's CPU backend preloads tcmalloc for the same reason.
+
+The thresholds are the process's: once raised, every allocation of the process keeps its
+memory (transformers' included), and the resident size stays at its peak.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+#: ``mallopt`` parameters (glibc's ``malloc.h``).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+#: Bytes of free heap top kept rather than given back to the system.
+TRIM_THRESHOLD = 1 << 30
+#: Blocks below this many bytes come from the heap, not from a fresh ``mmap``: glibc's largest
+#: value on 64-bit systems (``4 * 1024 * 1024 * sizeof(long)``).
+MMAP_THRESHOLD = 32 << 20
+
+
+def can_retain_freed_memory() -> bool:
+    """Whether this process's C library is glibc, whose ``mallopt`` sets the thresholds."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+def retain_freed_memory() -> bool:
+    """Raise the process's trim and mmap thresholds (idempotent); whether both were set.
+
+    ``False``, changing nothing, where :func:`can_retain_freed_memory` is false.
+    """
+    if not can_retain_freed_memory():
+        return False
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    trimmed: bool = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    mapped: bool = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    return trimmed and mapped
