@@ -14,17 +14,22 @@ import pytest
 
 from pagedkv.engine.host_memory import can_retain_freed_memory
 
-#: A layer's worth of temporaries, as a 16-bit decode step makes them: two 8 MB 16-bit
-#: gathers, their float32 copies (16 MB each) and a sum, all freed; minor page faults per
-#: round, before and after ``retain_freed_memory``.
+#: A layer's worth of temporaries, as a 16-bit decode step makes them: two 16-bit gathers,
+#: their float32 copies and a sum, all freed; minor page faults per round, before and after
+#: ``retain_freed_memory``. The blocks are 8 and 16 MB, and 20 and 40 MB where the mmap
+#: threshold set is above them.
 PROBE = """
-import json, resource, torch
+import json, resource, sys, torch
 from pagedkv.engine.host_memory import retain_freed_memory
 
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
-def rounds(n=10):
+def rounds(elements, n=10):
+    def one():
+        k = torch.ones(elements, dtype=torch.bfloat16)
+        v = torch.ones(elements, dtype=torch.bfloat16)
+        (k.float() + v.float()).sum()
     for _ in range(3):
         one()
     start = faults()
@@ -32,14 +37,11 @@ def rounds(n=10):
         one()
     return (faults() - start) / n
 
-def one():
-    k = torch.ones(4 << 20, dtype=torch.bfloat16)
-    v = torch.ones(4 << 20, dtype=torch.bfloat16)
-    (k.float() + v.float()).sum()
-
-before = rounds()
-retained = retain_freed_memory()
-print(json.dumps({"before": before, "retained": retained, "after": rounds()}))
+small, large = 4 << 20, 10 << 20
+before = {"small": rounds(small), "large": rounds(large)}
+threshold = retain_freed_memory()
+after = {"small": rounds(small), "large": rounds(large) if threshold > 64 << 20 else None}
+print(json.dumps({"before": before, "threshold": threshold, "after": after}))
 """
 
 
@@ -50,7 +52,12 @@ def test_retained_memory_is_not_faulted_in_again() -> None:
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=120
     )
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert figures["retained"] is True
-    # glibc's defaults give the freed blocks back: thousands of pages a round.
-    assert figures["before"] > 2_000, figures
-    assert figures["after"] < 100, figures
+    assert figures["threshold"] >= 32 << 20
+    # Under glibc's defaults the 40 MB blocks, above its largest dynamic mmap threshold (32 MB),
+    # are mapped afresh every round: tens of thousands of pages. (Whether the smaller ones
+    # fault depends on the heap's layout.) Retained, most rounds fault none.
+    faulted = figures["before"]["large"]
+    assert faulted > 10_000, figures
+    for after in figures["after"].values():
+        if after is not None:
+            assert after < faulted / 10, figures

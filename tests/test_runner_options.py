@@ -174,9 +174,9 @@ def test_retain_freed_memory_applies_as_asked(
     ``True`` wherever the model is (the setting is the host process's)."""
     calls: list[bool] = []
 
-    def retain() -> bool:
+    def retain() -> int:
         calls.append(True)
-        return True
+        return 1 << 30
 
     monkeypatch.setattr("pagedkv.engine.runner.retain_freed_memory", retain)
     runner = paged_runner(checkpoint, RunnerOptions(retain_freed_memory=wanted))
@@ -191,7 +191,7 @@ def test_retain_freed_memory_without_mallopt(
     checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Asked for where the C library cannot, it is refused naming it; unset, nothing happens."""
-    monkeypatch.setattr("pagedkv.engine.runner.retain_freed_memory", lambda: False)
+    monkeypatch.setattr("pagedkv.engine.runner.retain_freed_memory", lambda: 0)
     with pytest.raises(InvalidRequest, match="retain_freed_memory"):
         paged_runner(checkpoint, RunnerOptions(retain_freed_memory=True))
     assert paged_runner(checkpoint).options.retain_freed_memory is None

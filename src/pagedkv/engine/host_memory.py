@@ -10,7 +10,9 @@ faults), and a whole engine step faulted 176 MB and took 269 ms against 227 ms w
 thresholds raised. vLLM's CPU backend preloads tcmalloc for the same reason.
 
 The thresholds are the process's: once raised, every allocation of the process keeps its
-memory (transformers' included), and the resident size stays at its peak.
+memory (transformers' included), and the resident size stays at its peak. Above the mmap
+threshold a block is still mapped afresh each time: glibc 2.36 takes 1 GiB, and its manual
+promises 32 MB.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 #: Bytes of free heap top kept rather than given back to the system.
 TRIM_THRESHOLD = 1 << 30
-#: Blocks below this many bytes come from the heap, not from a fresh ``mmap``: glibc's largest
-#: value on 64-bit systems (``4 * 1024 * 1024 * sizeof(long)``).
-MMAP_THRESHOLD = 32 << 20
+#: Blocks below this many bytes come from the heap, not from a fresh ``mmap``: a layer's
+#: float32 copy of the K/V of 64 sequences of 300 positions is 80 MB.
+MMAP_THRESHOLD = 1 << 30
+#: The largest mmap threshold glibc's manual promises to take on 64-bit systems
+#: (``4 * 1024 * 1024 * sizeof(long)``), set where it refuses :data:`MMAP_THRESHOLD`.
+MMAP_THRESHOLD_MAX = 32 << 20
 
 
 def can_retain_freed_memory() -> bool:
@@ -33,16 +38,22 @@ def can_retain_freed_memory() -> bool:
     return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 
-def retain_freed_memory() -> bool:
-    """Raise the process's trim and mmap thresholds (idempotent); whether both were set.
+def retain_freed_memory() -> int:
+    """Raise the process's trim and mmap thresholds (idempotent).
 
-    ``False``, changing nothing, where :func:`can_retain_freed_memory` is false.
+    Returns:
+        The mmap threshold set, in bytes (:data:`MMAP_THRESHOLD`, or
+        :data:`MMAP_THRESHOLD_MAX` where glibc refuses more); 0, changing nothing, where
+        :func:`can_retain_freed_memory` is false or glibc refuses both thresholds.
     """
     if not can_retain_freed_memory():
-        return False
+        return 0
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    trimmed: bool = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-    mapped: bool = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-    return trimmed and mapped
+    if mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
+        return 0
+    for threshold in (MMAP_THRESHOLD, MMAP_THRESHOLD_MAX):
+        if mallopt(_M_MMAP_THRESHOLD, threshold) == 1:
+            return threshold
+    return 0
