@@ -290,7 +290,7 @@ def test_every_tensor_of_the_layout_lies_on_the_given_device() -> None:
     indices and masks of decode groups, whole chunks and continuing chunks are all built on
     the device the layout is planned for, none on the host."""
     meta = torch.device("meta")
-    starts, contexts = [0, 1, 4, 7, 8, 12, 16], [5, 3, 3, 1, 4, 9]
+    starts, contexts = [0, 1, 4, 7, 8, 12, 16, 17], [5, 3, 3, 4, 4, 9, 1]
     layout = plan_attention(
         starts,
         contexts,
@@ -298,7 +298,8 @@ def test_every_tensor_of_the_layout_lies_on_the_given_device() -> None:
         meta,
     )
     kinds = {(g.q_len == 1, g.mask is None) for g in layout.groups}
-    assert kinds == {(True, False), (False, True), (False, False)}  # every kind of group
+    # Every kind of group: padded and unpadded decode groups, whole and continuing chunks.
+    assert kinds == {(True, False), (True, True), (False, True), (False, False)}
     for group in layout.groups:
         assert group.rows.device == meta
         assert group.kv_index.device == meta
@@ -308,8 +309,10 @@ def test_every_tensor_of_the_layout_lies_on_the_given_device() -> None:
 def test_a_group_asks_for_a_mask_or_for_causal_masking_never_both() -> None:
     """scaled_dot_product_attention documents an error when both ``attn_mask`` and
     ``is_causal`` are set: a whole chunk is plain causal with no mask, a continuing chunk and
-    a decode group carry their mask and are not ``is_causal``."""
-    starts, contexts = [0, 4, 7, 8], [4, 5, 6]  # a whole chunk, a continuing one, a decode
+    a padded decode group carry their mask and are not ``is_causal``, and a decode group whose
+    contexts all equal its width needs neither."""
+    # A whole chunk, a continuing one, two decodes padded to 6, one alone.
+    starts, contexts = [0, 4, 7, 8, 9, 10], [4, 5, 6, 5, 2]
     layout = plan_attention(
         starts,
         contexts,
@@ -317,4 +320,9 @@ def test_a_group_asks_for_a_mask_or_for_causal_masking_never_both() -> None:
         torch.device("cpu"),
     )
     kinds = sorted((g.q_len, g.width, g.is_causal, g.mask is None) for g in layout.groups)
-    assert kinds == [(1, 6, False, False), (3, 5, False, False), (4, 4, True, True)]
+    assert kinds == [
+        (1, 2, False, True),
+        (1, 6, False, False),
+        (3, 5, False, False),
+        (4, 4, True, True),
+    ]

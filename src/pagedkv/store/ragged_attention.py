@@ -60,7 +60,8 @@ class AttentionGroup:
             not gathered), else ``None``.
         kv_index: ``[num_seqs, width]`` int64 flat K/V index of each gathered position.
         mask: boolean mask broadcastable to ``[num_seqs, heads, q_len, width]`` (``True``
-            attends), ``None`` when ``is_causal`` says it all.
+            attends), ``None`` when ``is_causal`` says it all or nothing is padded (a decode
+            group whose every context is its width).
         is_causal: plain top-left causal masking (every chunk of the group is its whole
             context).
     """
@@ -153,19 +154,23 @@ def _decode_group(
 ) -> AttentionGroup:
     width = max(contexts[b] for b in seqs)
     rows, span = _rows(seqs, 1, starts, device)
-    ctx = torch.tensor([contexts[b] for b in seqs], dtype=torch.int64, device=device)
-    valid = torch.arange(width, device=device)[None, :] < ctx[:, None]
     index = kv_index(seqs, width)
+    mask = None  # every context is the width: nothing is padded (and SDPA runs unmasked)
+    if any(contexts[b] < width for b in seqs):
+        ctx = torch.tensor([contexts[b] for b in seqs], dtype=torch.int64, device=device)
+        valid = torch.arange(width, device=device)[None, :] < ctx[:, None]
+        # Padding re-reads the sequence's own position 0 (always written, so finite) rather
+        # than whatever the padded index holds; the mask zeroes its weight (PST-013).
+        index = torch.where(valid, index, index[:, :1])
+        mask = valid[:, None, None, :]
     return AttentionGroup(
         num_seqs=len(seqs),
         q_len=1,
         width=width,
         rows=rows,
         span=span,
-        # Padding re-reads the sequence's own position 0 (always written, so finite) rather
-        # than whatever the padded index holds; the mask zeroes its weight (PST-013).
-        kv_index=torch.where(valid, index, index[:, :1]),
-        mask=valid[:, None, None, :],
+        kv_index=index,
+        mask=mask,
         is_causal=False,
     )
 
