@@ -70,6 +70,7 @@ ENGINE_TESTS = (
     "tests/test_detokenizer.py",
     "tests/test_detokenizer_edges.py",
     "tests/test_engine_edges.py",
+    "tests/test_output_kind.py",
     "tests/test_engine_end.py",
     "tests/test_model_dir_files.py",
     "tests/test_hf_conventions.py",
@@ -157,9 +158,13 @@ PACKAGES: dict[str, Package] = {
             "runner",
             tuple(
                 f"src/pagedkv/engine/{name}.py"
-                for name in ("runner", "runner_options", "static_decode")
+                for name in ("runner", "runner_options", "static_decode", "host_memory")
             ),
-            ("tests/test_runner_options.py", "conformance/test_engine_model.py"),
+            (
+                "tests/test_runner_options.py",
+                "tests/test_host_memory.py",
+                "conformance/test_engine_model.py",
+            ),
         ),
     )
 }
