@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch._inductor.utils import run_and_get_code
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, KVManagerConfig, PagedStore, StoreConfig
@@ -166,6 +168,42 @@ def test_pools_are_preallocated_once_and_never_reallocated() -> None:
     harness.check_attention([0, 1], [4, 1], heads=4)
     assert [store.key_pool(0).data_ptr(), store.value_pool(1).data_ptr()] == pointers
     assert store.nbytes == 8 * bytes_per_page(store.config)
+
+
+@pytest.mark.spec("PST-007")
+def test_every_pool_is_a_tensor_of_its_own() -> None:
+    store = make_store(layers=3)
+    pools = [store.key_pool(layer) for layer in range(3)]
+    pools += [store.value_pool(layer) for layer in range(3)]
+    for pool in pools:
+        assert pool.untyped_storage().nbytes() == pool.numel() * pool.element_size()
+    assert len({pool.untyped_storage().data_ptr() for pool in pools}) == len(pools)
+
+
+@pytest.mark.spec("PST-007")
+def test_a_compiled_write_copies_no_pool() -> None:
+    """Inductor's code for a write allocates nothing as large as a pool: the write is in place,
+    not a scatter into a copy of the tensor behind the pool."""
+    store = make_store(page_size=4, num_pages=64, kv_heads=2, head_dim=8, layers=2)
+    pool_numel = store.key_pool(1).numel()
+    slots = torch.tensor([5, 9, 200])
+    key, value = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+
+    def write(k: torch.Tensor, v: torch.Tensor) -> None:
+        store.write(1, slots, k, v)
+
+    torch._dynamo.reset()  # type: ignore[no-untyped-call]
+    _, sources = run_and_get_code(torch.compile(write, backend="inductor"), key, value)
+    shapes = [
+        [int(n) for n in shape.split(",") if n.strip()]
+        for source in sources
+        for shape in re.findall(r"empty_strided\w*\(\(([\d, ]*)\)", source)
+    ]
+    assert all(math.prod(shape) < pool_numel for shape in shapes), shapes
+    assert torch.equal(store.read(1, slots)[0], key)
+    assert torch.equal(store.read(1, slots)[1], value)
+    assert not store.key_pool(0).any()
+    assert not store.value_pool(0).any()
 
 
 @pytest.mark.spec("PST-002")

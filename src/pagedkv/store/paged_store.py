@@ -1,7 +1,8 @@
 """The reference PagedStore: K/V page pools in torch tensors and paged causal attention.
 
-The pools are allocated once, at construction, as ``[num_layers, num_pages, page_size,
-num_kv_heads, head_dim]`` tensors for K and for V (PST-001); a flat slot ``s`` is position
+The pools are allocated once, at construction: a ``[num_pages * page_size, num_kv_heads,
+head_dim]`` tensor for K and one for V in every layer (PST-001), each a tensor of its own, so
+that a compiled step writes it in place (PST-007); a flat slot ``s`` is position
 ``s % page_size`` of page ``s // page_size``. The store never decides which page belongs to
 whom: it writes at the slots and reads through the page tables the caller gives (PST-030).
 
@@ -120,15 +121,12 @@ class TorchPagedStore:
         dtype, device = _validate_config(config)
         self._config = config
         self._num_slots = config.num_pages * config.page_size
-        shape = (
-            2,
-            config.num_layers,
-            config.num_pages,
-            config.page_size,
-            config.num_kv_heads,
-            config.head_dim,
+        shape = (self._num_slots, config.num_kv_heads, config.head_dim)
+        # One tensor per layer and kind (PST-007), flat by slot: K of layer l at 2*l, V at 2*l+1.
+        self._pools = tuple(
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * config.num_layers)
         )
-        self._kv = torch.zeros(shape, dtype=dtype, device=device)
+        self._dtype, self._device = dtype, device
 
     @classmethod
     def from_budget(cls, config: StoreConfig, budget_bytes: int) -> TorchPagedStore:
@@ -149,17 +147,15 @@ class TorchPagedStore:
     @property
     def nbytes(self) -> int:
         """Bytes held by the K and V pools of every layer."""
-        return self._kv.numel() * self._kv.element_size()
+        return sum(pool.numel() * pool.element_size() for pool in self._pools)
 
     def key_pool(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s K pool, ``[num_pages, page_size, num_kv_heads, head_dim]`` (a view)."""
-        self._check_layer(layer)
-        return self._kv[0, layer]
+        return self._paged(0, layer)
 
     def value_pool(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s V pool, ``[num_pages, page_size, num_kv_heads, head_dim]`` (a view)."""
-        self._check_layer(layer)
-        return self._kv[1, layer]
+        return self._paged(1, layer)
 
     # -- write / read ----------------------------------------------------------------------
 
@@ -185,7 +181,7 @@ class TorchPagedStore:
                 raise InvalidRequest(
                     f"{name} must be shaped {list(expected)}, got {list(tensor.shape)}"
                 )
-        pool_dtype = self._kv.dtype
+        pool_dtype = self._dtype
         try:
             self._flat(0, layer).index_copy_(0, index, key.detach().to(pool_dtype))
             self._flat(1, layer).index_copy_(0, index, value.detach().to(pool_dtype))
@@ -228,7 +224,12 @@ class TorchPagedStore:
         names = target.tolist()
         if len(set(names)) != len(names) or set(names) & set(source.tolist()):
             raise InvalidRequest(f"target pages {names} repeat or overlap the source pages")
-        self._kv[:, :, target] = self._kv[:, :, source]
+        page_size = self._config.page_size
+        offsets = torch.arange(page_size, device=self._device)
+        to_slots = (target[:, None] * page_size + offsets).flatten()
+        from_slots = (source[:, None] * page_size + offsets).flatten()
+        for pool in self._pools:
+            pool[to_slots] = pool[from_slots]
 
     # -- attention ---------------------------------------------------------------------------
 
@@ -246,7 +247,7 @@ class TorchPagedStore:
         """
         if batch.page_tables is None:
             raise InvalidRequest("paged attention needs page tables; the batch has none (v0)")
-        device = self._kv.device
+        device = self._device
         page_size = self._config.page_size
         starts = [int(x) for x in batch.query_start.tolist()]
         contexts = [int(x) for x in batch.context_lens.tolist()]
@@ -334,8 +335,15 @@ class TorchPagedStore:
     # -- helpers ----------------------------------------------------------------------------
 
     def _flat(self, kv: int, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s K (``kv=0``) or V (``kv=1``) pool, ``[num_slots, heads, dim]``:
+        the tensor itself, so that writes into it stay in place under ``torch.compile``."""
+        return self._pools[2 * layer + kv]
+
+    def _paged(self, kv: int, layer: int) -> torch.Tensor:
+        """:meth:`_flat` viewed as ``[num_pages, page_size, heads, dim]``."""
+        self._check_layer(layer)
         c = self._config
-        return self._kv[kv, layer].view(self._num_slots, c.num_kv_heads, c.head_dim)
+        return self._flat(kv, layer).view(c.num_pages, c.page_size, c.num_kv_heads, c.head_dim)
 
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self._config.num_layers:
@@ -347,7 +355,7 @@ class TorchPagedStore:
             raise InvalidRequest(
                 f"slots must be a 1-D integer tensor, got {slots.dtype} {list(slots.shape)}"
             )
-        return slots.to(device=self._kv.device, dtype=torch.int64)
+        return slots.to(device=self._device, dtype=torch.int64)
 
     @staticmethod
     def _check_range(values: torch.Tensor, bound: int, what: str) -> None:
