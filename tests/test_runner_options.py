@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
 
 from pagedkv.backend import ReferenceBackend
 from pagedkv.engine import static_decode
@@ -129,6 +131,26 @@ def test_bucket_rounds_up_to_powers_of_two() -> None:
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
     assert bucket(3, MIN_WIDTH) == MIN_WIDTH
     assert bucket(65, MIN_WIDTH) == 128
+
+
+@pytest.mark.spec("ENG-110", "ENG-115")
+@pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="inductor packs linear weights with oneDNN"
+)
+def test_compiled_decode_freezes_and_packs_the_weights(checkpoint: Path) -> None:
+    """Each compiled shape packs every linear of the model (4 a layer, and the LM head), and
+    the tokens are the eager path's."""
+    counters.clear()
+    runner = paged_runner(checkpoint, RunnerOptions(compile=True))
+    with inductor_config.patch(force_disable_caches=True):  # a cached step runs no pass
+        assert generate(runner) == generate(paged_runner(checkpoint))
+    static = runner._static
+    assert static is not None
+    assert static.shapes == [(4, MIN_WIDTH), (4, 2 * MIN_WIDTH)]
+    linears = 4 * runner.model.config.num_hidden_layers + 1
+    packed = counters["inductor"]["mkldnn_linear_weight_pack_matcher_count"]
+    assert packed == linears * len(static.shapes)
+    assert not is_packed(runner.model)
 
 
 @pytest.mark.spec("ENG-111")

@@ -7,8 +7,8 @@ has its own buffers and its own runner of the step:
 
 * on CUDA, a CUDA graph captured on first use and replayed after (one launch per step, no
   Python per layer, no host synchronisation inside);
-* elsewhere, the step run eagerly or, with ``compile``, a ``torch.compile`` of it (inductor),
-  compiled on first use of the shape.
+* elsewhere, the step run eagerly or, with ``compile``, a ``torch.compile`` of it (inductor,
+  the weights frozen into it as constants and packed), compiled on first use of the shape.
 
 Padding rows repeat row 0: the same token at the same position over the same context, so they
 compute row 0's K/V (to the last bit or nearly: a kernel may round rows of different tiles
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch._inductor import config as inductor_config
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch
@@ -227,8 +228,22 @@ class StaticDecode:
         if self.cuda_graphs:
             return _captured(step, device)
         if self.compile:
-            return torch.compile(step, dynamic=False)
+            return _frozen(torch.compile(step, dynamic=False))
         return step
+
+
+def _frozen(compiled: Callable[[], None]) -> Callable[[], None]:
+    """``compiled`` run with inductor's freezing on (ENG-115): its first call traces the step
+    with the weights as constants, so inductor packs them for its linear kernels (oneDNN in
+    16-bit), as the eager path's packing does. Dynamo reads the setting while it traces, before
+    ``torch.compile``'s own options reach inductor (freezing given there does nothing), hence
+    the patch around every call; it is restored on return."""
+
+    def run() -> None:
+        with inductor_config.patch(freezing=True):
+            compiled()
+
+    return run
 
 
 def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
