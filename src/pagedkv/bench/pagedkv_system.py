@@ -31,16 +31,20 @@ def load_runner(
     page_size: int = PAGE_SIZE,
     dtype: str = "float32",
     device: str = "cpu",
+    options: RunnerOptions | None = None,
 ) -> ModelRunner:
-    """The checkpoint's model with a preallocated K/V pool of ``num_pages`` pages; on CUDA its
-    decode steps replay CUDA graphs (ENG-113)."""
+    """The checkpoint's model with a preallocated K/V pool of ``num_pages`` pages, run with
+    ``options``; unset, the defaults, and on CUDA decode steps replayed from CUDA graphs
+    (ENG-113)."""
+    if options is None:
+        options = RunnerOptions(cuda_graphs=device.startswith("cuda"))
     return ModelRunner.from_model_dir(
         checkpoint.path,
         num_pages=num_pages,
         page_size=page_size,
         dtype=dtype,
         device=device,
-        options=RunnerOptions(cuda_graphs=device.startswith("cuda")),
+        options=options,
     )
 
 
