@@ -155,6 +155,8 @@ def test_compiled_decode_freezes_and_packs_the_weights(checkpoint: Path) -> None
 
 @pytest.mark.spec("ENG-111")
 def test_options_a_runner_cannot_honour_are_refused(checkpoint: Path) -> None:
+    with pytest.raises(InvalidRequest, match="compile and cuda_graphs exclude each other"):
+        paged_runner(checkpoint, RunnerOptions(compile=True, cuda_graphs=True))
     with pytest.raises(InvalidRequest, match="cuda_graphs needs a model on a CUDA device"):
         paged_runner(checkpoint, RunnerOptions(cuda_graphs=True))
     with pytest.raises(InvalidRequest, match="v1"):

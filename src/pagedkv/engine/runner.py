@@ -215,9 +215,12 @@ def _static_decode(
     """The fixed-shape decode path of ``options`` over the reference store.
 
     Raises:
-        InvalidRequest: CUDA graphs on a model not on a CUDA device, or a store other than
+        InvalidRequest: ``compile`` with ``cuda_graphs`` (a step is captured or compiled,
+            not both), CUDA graphs on a model not on a CUDA device, or a store other than
             the reference one (whose pools the captured step reads).
     """
+    if options.compile and options.cuda_graphs:
+        raise InvalidRequest("compile and cuda_graphs exclude each other: choose one")
     device = next(model.parameters()).device
     if options.cuda_graphs and device.type != "cuda":
         raise InvalidRequest(f"cuda_graphs needs a model on a CUDA device, not {device}")

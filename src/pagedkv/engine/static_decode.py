@@ -112,7 +112,8 @@ class StaticDecode:
         max_batch: the largest batch run this way; larger ones run the ordinary path.
         max_width: the longest context run this way.
         cuda_graphs: capture and replay CUDA graphs (the model must be on a CUDA device).
-        compile: run each shape's step through ``torch.compile`` (ignored with CUDA graphs).
+        compile: run each shape's step through ``torch.compile`` (the runner refuses it with
+            ``cuda_graphs``).
     """
 
     def __init__(
