@@ -4,11 +4,12 @@ refusals, without running a workload."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from pagedkv.bench import cli, limits, vllm_peer
+from pagedkv.bench import cli, limits, vllm_peer, vllm_worker
 from pagedkv.bench.machine import physical_cores, usable_cores
 from pagedkv.bench.peers import Row, rows
 
@@ -72,3 +73,50 @@ def test_the_peer_table_has_the_issue_rows() -> None:
     ]
     assert Row("float32", 1).metric == "decode_tokens_per_s"
     assert Row("bfloat16", 8).metric == "output_tokens_per_s"
+
+
+class _CachingLLM:
+    """A stand-in for vLLM's ``LLM`` with a prefix cache: it records, per ``generate``, how many
+    of its prompts were already cached."""
+
+    def __init__(self, clears: bool = True) -> None:
+        self.cached: set[tuple[int, ...]] = set()
+        self.hits: list[int] = []
+        self.clears = clears
+
+    def reset_prefix_cache(self) -> bool:
+        if self.clears:
+            self.cached.clear()
+        return self.clears
+
+    def generate(
+        self, prompts: list[dict[str, list[int]]], params: list[dict[str, int]], use_tqdm: bool
+    ) -> list[object]:
+        ids = [tuple(p["prompt_token_ids"]) for p in prompts]
+        self.hits.append(sum(i in self.cached for i in ids))
+        self.cached.update(ids)
+        return [
+            SimpleNamespace(outputs=[SimpleNamespace(token_ids=[0] * p["max_tokens"])])
+            for p in params
+        ]
+
+
+@pytest.mark.parametrize("kind", ["batch", "decode"])
+def test_a_peer_is_timed_from_an_empty_prefix_cache(kind: str) -> None:
+    """SRV-047: after the warm-up, no timed call finds a prompt in vLLM's prefix cache."""
+    llm = _CachingLLM()
+    row = {
+        "name": "r",
+        "kind": kind,
+        "requests": [[[1, 2, 3], 4], [[5, 6, 7], 4]][: 2 if kind == "batch" else 1],
+    }
+    figures = vllm_worker._row(llm, dict, row)
+    assert figures["wall_s"] >= 0
+    assert len(llm.hits) >= 2  # the warm-up and at least one timed call
+    assert llm.hits[1:] == [0] * (len(llm.hits) - 1)
+
+
+def test_a_peer_that_cannot_clear_its_prefix_cache_is_not_timed() -> None:
+    row = {"name": "r", "kind": "batch", "requests": [[[1, 2, 3], 4]]}
+    with pytest.raises(RuntimeError, match="prefix cache"):
+        vllm_worker._row(_CachingLLM(clears=False), dict, row)

@@ -17,7 +17,8 @@ and prints one JSON line ``{"rows": {name: {...}}, "vllm": version}`` on standar
 * ``decode``: batch-1 decode: the same request run for ``max_tokens`` and for one token;
   ``decode_tokens_per_s = (max_tokens - 1) / (t_full - t_one)`` (prefill excluded).
 
-Each row runs once untimed first. The engine runs in this process (no engine-core process):
+Each row runs once untimed first; every timed call starts from an empty prefix cache (SRV-047),
+as pagedkv's fresh engine does. The engine runs in this process (no engine-core process):
 on a machine of a few cores a second busy process would only take cores from the model.
 """
 
@@ -48,17 +49,26 @@ def _generate(llm: Any, sampling: Any, requests: list[list[Any]]) -> float:
     return seconds
 
 
+def _timed(llm: Any, sampling: Any, requests: list[list[Any]]) -> float:
+    """:func:`_generate` from an empty prefix cache (SRV-047): vLLM caches prompts by default,
+    so without clearing a timed call would reuse the prompts its warm-up prefilled, where
+    pagedkv's fresh engine computes them."""
+    if llm.reset_prefix_cache() is False:
+        raise RuntimeError("vLLM refused to clear its prefix cache before a timed run")
+    return _generate(llm, sampling, requests)
+
+
 def _row(llm: Any, sampling: Any, row: dict[str, Any]) -> dict[str, float]:
     requests: list[list[Any]] = row["requests"]
     if row["kind"] == "batch":
         _generate(llm, sampling, requests)  # warm-up
-        seconds = _generate(llm, sampling, requests)
+        seconds = _timed(llm, sampling, requests)
         tokens = sum(n for _, n in requests)
         return {"output_tokens_per_s": tokens / seconds, "wall_s": seconds}
     (prompt, n) = requests[0]
     _generate(llm, sampling, [[prompt, n]])  # warm-up
-    one = _generate(llm, sampling, [[prompt, 1]])
-    full = _generate(llm, sampling, [[prompt, n]])
+    one = _timed(llm, sampling, [[prompt, 1]])
+    full = _timed(llm, sampling, [[prompt, n]])
     return {"decode_tokens_per_s": (n - 1) / (full - one), "wall_s": full}
 
 
