@@ -101,6 +101,7 @@ class _CachingLLM:
         ]
 
 
+@pytest.mark.spec("SRV-047")
 @pytest.mark.parametrize("kind", ["batch", "decode"])
 def test_a_peer_is_timed_from_an_empty_prefix_cache(kind: str) -> None:
     """SRV-047: after the warm-up, no timed call finds a prompt in vLLM's prefix cache."""
@@ -116,6 +117,7 @@ def test_a_peer_is_timed_from_an_empty_prefix_cache(kind: str) -> None:
     assert llm.hits[1:] == [0] * (len(llm.hits) - 1)
 
 
+@pytest.mark.spec("SRV-047")
 def test_a_peer_that_cannot_clear_its_prefix_cache_is_not_timed() -> None:
     row = {"name": "r", "kind": "batch", "requests": [[[1, 2, 3], 4]]}
     with pytest.raises(RuntimeError, match="prefix cache"):
