@@ -22,6 +22,7 @@ import torch
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
+from pagedkv.store.decode_attention import compiled_decode_attention
 from pagedkv.store.gather import gather_rows
 from pagedkv.store.ragged_attention import AttentionLayout, plan_attention, ragged_attention
 
@@ -112,13 +113,25 @@ class TorchPagedStore:
     Args:
         config: the pool's shape. Every count must be >= 1 and ``dtype`` one of
             :data:`DTYPES`. The pools are allocated here, zero-filled, and never reallocated.
+        fused_decode: decode attention in one compiled pass over the pool (PST-008,
+            :mod:`pagedkv.store.decode_attention`); ``None`` (the default): on a CPU pool.
+            ``False``: gathered into SDPA, as prefill chunks always are.
 
     Raises:
-        InvalidRequest: a count below 1, an unknown dtype or an unusable device.
+        InvalidRequest: a count below 1, an unknown dtype, an unusable device, or
+            ``fused_decode=True`` on a pool not on the CPU.
     """
 
-    def __init__(self, config: StoreConfig) -> None:
+    def __init__(self, config: StoreConfig, *, fused_decode: bool | None = None) -> None:
         dtype, device = _validate_config(config)
+        if fused_decode and device.type != "cpu":
+            raise InvalidRequest(
+                f"fused_decode runs on the CPU; this pool is on {device.type} (leave it unset)"
+            )
+        on_cpu = device.type == "cpu"
+        self._decode = (
+            compiled_decode_attention() if fused_decode in (None, True) and on_cpu else None
+        )
         self._config = config
         self._num_slots = config.num_pages * config.page_size
         shape = (self._num_slots, config.num_kv_heads, config.head_dim)
@@ -329,7 +342,7 @@ class TorchPagedStore:
                 f"{query.shape[0]}"
             )
         return ragged_attention(
-            query, self._flat(0, layer), self._flat(1, layer), metadata.layout, scale
+            query, self._flat(0, layer), self._flat(1, layer), metadata.layout, scale, self._decode
         )
 
     # -- helpers ----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from pagedkv.store.decode_attention import MIN_FUSED_SEQS, DecodeKernel
 from pagedkv.store.gather import gather_rows
 
 #: Most query rows of one batched prefill call: equal-shape chunks are grouped up to this many
@@ -207,13 +208,21 @@ def ragged_attention(
     values: torch.Tensor,
     layout: AttentionLayout,
     scale: float,
+    decode: DecodeKernel | None = None,
 ) -> torch.Tensor:
     """Run ``layout`` for one layer: ``query`` ``[T, heads, D]`` over flat ``keys`` and
-    ``values`` ``[N, kv_heads, D]`` (``kv_heads`` divides ``heads``). Returns ``[T, heads, D]``
-    in ``query``'s dtype. No host synchronisation."""
+    ``values`` ``[N, kv_heads, D]`` (``kv_heads`` divides ``heads``); decode groups of at least
+    ``MIN_FUSED_SEQS`` sequences through ``decode`` when given
+    (:mod:`pagedkv.store.decode_attention`), others gathered into SDPA.
+    Returns ``[T, heads, D]`` in ``query``'s dtype. No host synchronisation."""
     out = torch.empty_like(query)
     for group in layout.groups:
-        attended = _attend(query, keys, values, group, scale)
+        if decode is not None and group.q_len == 1 and group.num_seqs >= MIN_FUSED_SEQS:
+            attended = decode(
+                _query_rows(query, group), keys, values, group.kv_index, group.mask, scale
+            )
+        else:
+            attended = _attend(query, keys, values, group, scale)
         if group.span is not None:
             out[group.span[0] : group.span[1]] = attended
         else:
@@ -229,11 +238,7 @@ def _attend(
     scale: float,
 ) -> torch.Tensor:
     n, q_len, width = group.num_seqs, group.q_len, group.width
-    if group.span is not None:
-        q = query[group.span[0] : group.span[1]]
-    else:
-        q = query.index_select(0, group.rows)
-    q = q.view(n, q_len, *query.shape[1:]).transpose(1, 2)  # [n, H, q_len, D]
+    q = _query_rows(query, group).view(n, q_len, *query.shape[1:]).transpose(1, 2)
     # index_select on flat indices gathers about 2x faster than advanced indexing.
     flat = group.kv_index.reshape(-1)
     k = gather_rows(keys, flat).view(n, width, *keys.shape[1:])
@@ -251,6 +256,13 @@ def _attend(
         enable_gqa=True,
     )
     return out.to(query.dtype).transpose(1, 2).reshape(n * q_len, *query.shape[1:])
+
+
+def _query_rows(query: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
+    """The group's rows of ``query``, ``[num_seqs * q_len, heads, D]``: sliced when contiguous."""
+    if group.span is not None:
+        return query[group.span[0] : group.span[1]]
+    return query.index_select(0, group.rows)
 
 
 def _compute_dtype(query: torch.Tensor, q_len: int) -> torch.dtype:
