@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.sampler import filtered_probs
+from pagedkv.engine.sampler import SampleRow, filtered_probs, sample_rows
 
 
 def kept(probs: torch.Tensor) -> list[int]:
@@ -115,3 +115,17 @@ def test_log_probabilities_of_no_rows_are_none() -> None:
     empty = torch.zeros(0, 7)
     assert prompt_logprobs(empty, [], 3) == []
     assert top_logprobs(empty, []) == []
+
+
+@pytest.mark.spec("ENG-040")
+def test_greedy_takes_the_lowest_id_among_equal_maxima() -> None:
+    """Ties anywhere in a Qwen3-sized row (a vectorised reduction sees them in different
+    lanes) go to the lowest token id, as ``torch.argmax`` picks them."""
+    vocab = 151936
+    logits = torch.randn(4, vocab)
+    for row, ties in enumerate([(100000, 5, 70000), (vocab - 1, 77777), (16, 17, 15), ()]):
+        for token in ties:
+            logits[row, token] = 9.0
+    logits[3] = 0.0  # every token ties
+    rows = [SampleRow(SamplingParams(temperature=0.0), None, (1,), ()) for _ in range(4)]
+    assert [s.token_id for s in sample_rows(logits, rows)] == [5, 77777, 15, 0]
