@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StoreConfig
+from pagedkv.store import decode_attention
 from pagedkv.store.paged_store import TorchPagedStore
 from pagedkv.testing.tiny_qwen3 import one_torch_thread
 
@@ -92,4 +93,30 @@ def test_fused_and_gathered_decode_give_the_dense_result(fused: bool) -> None:
 def test_fused_decode_off_the_cpu_is_refused() -> None:
     with pytest.raises(InvalidRequest, match="fused_decode"):
         TorchPagedStore(StoreConfig(1, 2, 8, 4, 4, device="meta"), fused_decode=True)
-    assert TorchPagedStore(StoreConfig(1, 2, 8, 4, 4, device="meta")).config.device == "meta"
+    assert not TorchPagedStore(StoreConfig(1, 2, 8, 4, 4, "bfloat16", device="meta")).fused_decode
+
+
+@pytest.mark.spec("PST-008")
+def test_fused_by_default_in_16_bits_only() -> None:
+    assert TorchPagedStore(StoreConfig(1, 2, 8, 4, 4, "bfloat16")).fused_decode
+    assert TorchPagedStore(StoreConfig(1, 2, 8, 4, 4, "float16")).fused_decode
+    assert not TorchPagedStore(StoreConfig(1, 2, 8, 4, 4)).fused_decode
+    assert TorchPagedStore(StoreConfig(1, 2, 8, 4, 4), fused_decode=True).fused_decode
+    assert not TorchPagedStore(
+        StoreConfig(1, 2, 8, 4, 4, "bfloat16"), fused_decode=False
+    ).fused_decode
+
+
+@pytest.mark.spec("PST-008")
+def test_without_a_compiler_the_default_gathers_and_true_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(decode_attention, "can_compile", lambda: False)
+    assert not decode_store("bfloat16").fused_decode
+    with pytest.raises(InvalidRequest, match="C\\+\\+ compiler"):
+        decode_store(fused=True)
+
+
+def test_this_machine_has_the_compiler_the_fused_pass_needs() -> None:
+    """The default store here is fused, so the suite checks the fused pass, not the fallback."""
+    assert decode_attention.can_compile()

@@ -22,7 +22,7 @@ import torch
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
-from pagedkv.store.decode_attention import compiled_decode_attention
+from pagedkv.store import decode_attention
 from pagedkv.store.gather import gather_rows
 from pagedkv.store.ragged_attention import AttentionLayout, plan_attention, ragged_attention
 
@@ -114,12 +114,13 @@ class TorchPagedStore:
         config: the pool's shape. Every count must be >= 1 and ``dtype`` one of
             :data:`DTYPES`. The pools are allocated here, zero-filled, and never reallocated.
         fused_decode: decode attention in one compiled pass over the pool (PST-008,
-            :mod:`pagedkv.store.decode_attention`); ``None`` (the default): on a CPU pool.
-            ``False``: gathered into SDPA, as prefill chunks always are.
+            :mod:`pagedkv.store.decode_attention`); ``None`` (the default): on a 16-bit CPU
+            pool where inductor finds a C++ compiler. ``False``: gathered into SDPA, as
+            prefill chunks always are.
 
     Raises:
         InvalidRequest: a count below 1, an unknown dtype, an unusable device, or
-            ``fused_decode=True`` on a pool not on the CPU.
+            ``fused_decode=True`` on a pool not on the CPU or without a C++ compiler.
     """
 
     def __init__(self, config: StoreConfig, *, fused_decode: bool | None = None) -> None:
@@ -128,10 +129,16 @@ class TorchPagedStore:
             raise InvalidRequest(
                 f"fused_decode runs on the CPU; this pool is on {device.type} (leave it unset)"
             )
-        on_cpu = device.type == "cpu"
-        self._decode = (
-            compiled_decode_attention() if fused_decode in (None, True) and on_cpu else None
-        )
+        half = dtype in (torch.bfloat16, torch.float16)
+        fused = device.type == "cpu" and (fused_decode or (fused_decode is None and half))
+        if fused and not decode_attention.can_compile():
+            if fused_decode:
+                raise InvalidRequest(
+                    "fused_decode needs a C++ compiler for inductor; none was found (leave it "
+                    "unset to attend through gathers)"
+                )
+            fused = False
+        self._decode = decode_attention.compiled_decode_attention() if fused else None
         self._config = config
         self._num_slots = config.num_pages * config.page_size
         shape = (self._num_slots, config.num_kv_heads, config.head_dim)
@@ -151,6 +158,11 @@ class TorchPagedStore:
     def config(self) -> StoreConfig:
         """The pool's shape."""
         return self._config
+
+    @property
+    def fused_decode(self) -> bool:
+        """Whether decode groups attend in the fused pass (PST-008)."""
+        return self._decode is not None
 
     @property
     def num_slots(self) -> int:

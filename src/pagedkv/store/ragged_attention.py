@@ -14,7 +14,8 @@ re-reading the sequence's own position 0, written, so finite): at least that fra
 gathered position is real, where one call padded to the longest context of a mixed batch read
 about half padding; prefill chunks of equal query and context lengths attend together, a few at
 a time (:data:`GROUP_ROWS` rows), so short chunks share a call while long ones keep a working
-set that fits the caches.
+set that fits the caches. On the CPU the store hands a fused kernel for decode groups
+(:mod:`pagedkv.store.decode_attention`), which reads the positions where they lie instead.
 
 This module imports torch; :mod:`pagedkv.kv` does not import it (KVM-040).
 """
