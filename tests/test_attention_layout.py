@@ -27,8 +27,17 @@ def _one_torch_thread() -> Iterator[None]:
         yield
 
 
-def filled_store(layers: int = 3, num_pages: int = 128) -> TorchPagedStore:
-    store = TorchPagedStore(StoreConfig(layers, 2, 8, PAGE, num_pages))
+def filled_store(
+    layers: int = 3,
+    num_pages: int = 128,
+    *,
+    head_dim: int = 8,
+    dtype: str = "float32",
+    fused_decode: bool | None = None,
+) -> TorchPagedStore:
+    """A store of 2 KV heads whose every slot holds random K/V (stale tails included)."""
+    config = StoreConfig(layers, 2, head_dim, PAGE, num_pages, dtype=dtype)
+    store = TorchPagedStore(config, fused_decode=fused_decode)
     gen = torch.Generator().manual_seed(0)
     for layer in range(layers):
         store.key_pool(layer).copy_(torch.randn(store.key_pool(layer).shape, generator=gen))

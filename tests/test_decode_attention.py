@@ -7,7 +7,7 @@ from functools import partial
 
 import pytest
 import torch
-from test_attention_layout import PAGE, expected, ragged_batch
+from test_attention_layout import PAGE, expected, filled_store, ragged_batch
 from test_paged_store import ATOL
 from torch.profiler import ProfilerActivity, profile
 
@@ -29,12 +29,8 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 def decode_store(dtype: str = "float32", fused: bool | None = None) -> TorchPagedStore:
-    """A one-layer store, 2 KV heads of HEAD_DIM, every slot random: stale values included."""
-    store = TorchPagedStore(StoreConfig(1, 2, HEAD_DIM, PAGE, 512, dtype=dtype), fused_decode=fused)
-    gen = torch.Generator().manual_seed(5)
-    for pool in (store.key_pool(0), store.value_pool(0)):
-        pool.copy_(torch.randn(pool.shape, generator=gen))
-    return store
+    """One layer of HEAD_DIM-wide heads, every slot random."""
+    return filled_store(1, 512, head_dim=HEAD_DIM, dtype=dtype, fused_decode=fused)
 
 
 def largest_allocation(run: Callable[[], object]) -> int:

@@ -24,7 +24,12 @@ from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
 from pagedkv.store import decode_attention
 from pagedkv.store.gather import gather_rows
-from pagedkv.store.ragged_attention import AttentionLayout, plan_attention, ragged_attention
+from pagedkv.store.ragged_attention import (
+    HALF_DTYPES,
+    AttentionLayout,
+    plan_attention,
+    ragged_attention,
+)
 
 #: The dtype names a :class:`~pagedkv.interfaces.StoreConfig` (and the loader) accepts.
 DTYPES: dict[str, torch.dtype] = {
@@ -93,6 +98,30 @@ def _validate_config(config: StoreConfig) -> tuple[torch.dtype, torch.device]:
     return torch_dtype(config.dtype), torch_device(config.device)
 
 
+def _fuses_decode(wanted: bool | None, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a store asked ``fused_decode=wanted`` runs the fused decode pass (PST-008).
+
+    Raises:
+        InvalidRequest: ``True`` off the CPU or where inductor finds no C++ compiler.
+    """
+    if wanted is False or (wanted is None and dtype not in HALF_DTYPES):
+        return False
+    if device.type != "cpu":
+        if wanted:
+            raise InvalidRequest(
+                f"fused_decode runs on the CPU; this pool is on {device.type} (leave it unset)"
+            )
+        return False
+    if decode_attention.can_compile():
+        return True
+    if wanted:
+        raise InvalidRequest(
+            "fused_decode needs a C++ compiler for inductor; none was found (leave it unset to "
+            "attend through gathers)"
+        )
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class PagedAttentionMetadata:
     """What :meth:`TorchPagedStore.prepare` computed for one step: its validated layout, used
@@ -125,19 +154,7 @@ class TorchPagedStore:
 
     def __init__(self, config: StoreConfig, *, fused_decode: bool | None = None) -> None:
         dtype, device = _validate_config(config)
-        if fused_decode and device.type != "cpu":
-            raise InvalidRequest(
-                f"fused_decode runs on the CPU; this pool is on {device.type} (leave it unset)"
-            )
-        half = dtype in (torch.bfloat16, torch.float16)
-        fused = device.type == "cpu" and (fused_decode or (fused_decode is None and half))
-        if fused and not decode_attention.can_compile():
-            if fused_decode:
-                raise InvalidRequest(
-                    "fused_decode needs a C++ compiler for inductor; none was found (leave it "
-                    "unset to attend through gathers)"
-                )
-            fused = False
+        fused = _fuses_decode(fused_decode, dtype, device)
         self._decode = decode_attention.compiled_decode_attention() if fused else None
         self._config = config
         self._num_slots = config.num_pages * config.page_size

@@ -42,7 +42,7 @@ GROUP_ROWS = 128
 DECODE_FILL = 0.7
 
 #: The 16-bit float dtypes, whose decode attention runs in float32 on the CPU (PST-018).
-_HALF = (torch.bfloat16, torch.float16)
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 #: ``kv_index(seq_ids, width)``: ``[len(seq_ids), width]`` int64 flat K/V index of positions
 #: ``0..width-1`` of each sequence (indices past a sequence's context are never read unmasked).
@@ -272,6 +272,6 @@ def _compute_dtype(query: torch.Tensor, q_len: int) -> torch.dtype:
     bfloat16 is slow on one query row: 32 decoding sequences of 150 positions (Qwen3-0.6B's
     heads) took 12 ms per layer in bfloat16 against 1.2 ms converted to float32 and back
     (torch 2.13, 2 threads, a CPU without AMX); float32 also rounds less."""
-    if q_len == 1 and query.device.type == "cpu" and query.dtype in _HALF:
+    if q_len == 1 and query.device.type == "cpu" and query.dtype in HALF_DTYPES:
         return torch.float32
     return query.dtype
