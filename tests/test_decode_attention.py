@@ -1,9 +1,11 @@
-"""Decode attention fused into one compiled pass over the pool (PST-008)."""
+"""Decode attention without a gathered copy: the C kernel and the compiled pass (PST-008,
+PST-009)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +15,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StoreConfig
-from pagedkv.store import decode_attention
+from pagedkv.store import decode_attention, native_decode
+from pagedkv.store.native_decode import BuildFailure, NativeDecode
 from pagedkv.store.paged_store import TorchPagedStore
 from pagedkv.testing.tiny_qwen3 import one_torch_thread
 
@@ -93,26 +96,89 @@ def test_fused_decode_off_the_cpu_is_refused() -> None:
 
 
 @pytest.mark.spec("PST-008")
-def test_fused_by_default_in_16_bits_only() -> None:
-    assert TorchPagedStore(StoreConfig(1, 2, 8, 4, 4, "bfloat16")).fused_decode
-    assert TorchPagedStore(StoreConfig(1, 2, 8, 4, 4, "float16")).fused_decode
-    assert not TorchPagedStore(StoreConfig(1, 2, 8, 4, 4)).fused_decode
-    assert TorchPagedStore(StoreConfig(1, 2, 8, 4, 4), fused_decode=True).fused_decode
-    assert not TorchPagedStore(
-        StoreConfig(1, 2, 8, 4, 4, "bfloat16"), fused_decode=False
-    ).fused_decode
+def test_fused_by_default_on_the_cpu() -> None:
+    """The C kernel for float32 and bfloat16 pools, the compiled pass for float16."""
+    for dtype, kernel in (
+        ("float32", NativeDecode),
+        ("bfloat16", NativeDecode),
+        ("float16", decode_attention.CompiledDecode),
+    ):
+        store = TorchPagedStore(StoreConfig(1, 2, 8, 4, 4, dtype))
+        assert store.fused_decode
+        assert isinstance(store._decode, kernel)
+    assert not TorchPagedStore(StoreConfig(1, 2, 8, 4, 4), fused_decode=False).fused_decode
 
 
-@pytest.mark.spec("PST-008")
+@pytest.mark.spec("PST-008", "PST-009")
 def test_without_a_compiler_the_default_gathers_and_true_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("CC", "no-such-compiler")
     monkeypatch.setattr(decode_attention, "can_compile", lambda: False)
+    assert isinstance(NativeDecode.build(torch.float32), BuildFailure)
     assert not decode_store("bfloat16").fused_decode
-    with pytest.raises(InvalidRequest, match="C\\+\\+ compiler"):
+    assert not decode_store().fused_decode
+    with pytest.raises(InvalidRequest, match="no C compiler"):
         decode_store(fused=True)
 
 
-def test_this_machine_has_the_compiler_the_fused_pass_needs() -> None:
-    """The default store here is fused, so the suite checks the fused pass, not the fallback."""
+@pytest.mark.spec("PST-009")
+def test_a_failed_build_says_why_and_leaves_no_library(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    failure = native_decode.build_library(tmp_path)
+    assert isinstance(failure, BuildFailure)
+    assert "failed" in failure.reason
+    assert not list(tmp_path.rglob("*.so"))
+
+
+@pytest.mark.spec("PST-009")
+def test_a_built_library_is_reused_and_named_by_its_source(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    first = native_decode.build_library(tmp_path)
+    assert isinstance(first, Path)
+    built = first.stat().st_mtime_ns
+    assert native_decode.build_library(tmp_path) == first
+    assert first.stat().st_mtime_ns == built
+    changed = tmp_path / "changed.c"
+    changed.write_text(native_decode.SOURCE.read_text() + "\n/* another source */\n")
+    monkeypatch.setattr(native_decode, "SOURCE", changed)
+    other = native_decode.build_library(tmp_path)
+    assert isinstance(other, Path)
+    assert other != first
+
+
+@pytest.mark.spec("PST-009", "PST-013")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_c_kernel_reads_only_each_context(dtype: torch.dtype) -> None:
+    """One sequence and a padded group over a pool whose every slot past the contexts is
+    NaN: the float64 dense result of the positions below each context."""
+    kernel = NativeDecode.build(dtype)
+    assert isinstance(kernel, NativeDecode)
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(96, 2, HEAD_DIM, generator=generator).to(dtype)
+    values = torch.randn(96, 2, HEAD_DIM, generator=generator).to(dtype)
+    lengths = torch.tensor([7, 30, 19])
+    kv_index = torch.randperm(96, generator=generator)[:90].view(3, 30)
+    for b, length in enumerate(lengths.tolist()):
+        keys[kv_index[b, length:]] = float("nan")  # stale slots past the context
+    query = torch.randn(3, 4, HEAD_DIM, generator=generator).to(dtype)
+    for seqs in ([0], [0, 1, 2]):
+        got = kernel(query[seqs], keys, values, kv_index[seqs], lengths[seqs], 0.3)
+        for row, b in enumerate(seqs):
+            slots = kv_index[b, : int(lengths[b])]
+            k = keys[slots].double().repeat_interleave(2, dim=1).transpose(0, 1)
+            v = values[slots].double().repeat_interleave(2, dim=1).transpose(0, 1)
+            weights = torch.softmax(query[b].double()[:, None, :] @ k.transpose(1, 2) * 0.3, -1)
+            want = (weights @ v)[:, 0]
+            tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+            torch.testing.assert_close(got[row].double(), want, atol=tolerance, rtol=0)
+
+
+def test_this_machine_has_the_compilers_the_fused_paths_need() -> None:
+    """The default stores here are fused, so the suite checks the fused paths, not the
+    fallback."""
     assert decode_attention.can_compile()
+    assert isinstance(NativeDecode.build(torch.float32), NativeDecode)

@@ -206,6 +206,7 @@ class StaticDecode:
             kv_index=buffers.kv_index,
             mask=buffers.mask,
             is_causal=False,
+            context_lens=buffers.context_lens,
         )
         metadata = PagedAttentionMetadata(
             num_slots=self.store.num_slots, layout=AttentionLayout(rows, (group,))

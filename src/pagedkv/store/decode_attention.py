@@ -18,30 +18,37 @@ dimension, so every 16 values cost an indirect load and its scalar index work.
 One compiled function serves every shape: dynamic shapes, so a new batch size or width reuses
 the compiled kernel; inductor compiles again only for another dtype, head shape or a size of 1
 (which it specialises), seconds each, the first in a process tens of seconds with a cold
-cache. Groups of fewer than :data:`MIN_FUSED_SEQS` sequences keep the gathered path, and so
-does every group where inductor finds no C++ compiler (:func:`can_compile`). The store uses
-this pass by default in 16-bit pools only: in float32 the gathered path makes no float32 copy,
-and the fused pass gained 3-7% on the 0.6B step above but lost 7% on the small model's mixed
-workload, whose six layers of narrow heads pay the compiled call's own cost more often.
+cache. Groups of fewer than :attr:`CompiledDecode.min_seqs` sequences keep the gathered path,
+and so does every group where inductor finds no C++ compiler (:func:`can_compile`). The store
+uses this pass for float16 pools; float32 and bfloat16 pools read through the C kernel of
+:mod:`pagedkv.store.native_decode`, which hands over to :func:`decode_attention` inside
+``torch.compile``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch._inductor.cpp_builder import get_cpp_compiler
 
-#: Fewest sequences of a decode group attended here: a lone sequence's gather is small, and
-#: the compiled call's own cost (guards and launch, about 0.15 ms per layer) made float32
-#: batch-1 decode 3-5% slower fused.
-MIN_FUSED_SEQS = 2
 
-#: ``decode(query, keys, values, kv_index, valid, scale)``: see :func:`decode_attention`.
-DecodeKernel = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float],
-    torch.Tensor,
-]
+class DecodeKernel(Protocol):
+    """A decode group's attention without a gathered copy (PST-008); see
+    :func:`decode_attention` for the arguments and the result."""
+
+    #: Fewest sequences of a group worth this kernel (smaller groups are gathered).
+    min_seqs: int
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        kv_index: torch.Tensor,
+        lengths: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...
 
 
 def decode_attention(
@@ -49,7 +56,7 @@ def decode_attention(
     keys: torch.Tensor,
     values: torch.Tensor,
     kv_index: torch.Tensor,
-    valid: torch.Tensor | None,
+    lengths: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """Attention of one query row per sequence over its gathered context, in float32.
@@ -59,8 +66,8 @@ def decode_attention(
         keys, values: the flat pool ``[N, kv_heads, D]`` (``kv_heads`` divides ``heads``).
         kv_index: ``[n, W]`` int64 slots of each sequence's positions; every entry a slot of
             the pool (a padded entry re-reads a written one, PST-013).
-        valid: ``n * W`` booleans in ``[n, W]`` order (``True`` attends; every row has at least
-            one), or ``None`` when every position is real.
+        lengths: ``[n]`` int64 context of each sequence, in ``1..W``: position ``p`` attends
+            while ``p < lengths[b]``.
         scale: the scores' factor.
 
     Returns:
@@ -72,8 +79,8 @@ def decode_attention(
     q = query.reshape(n, 1, kv_heads, group, dim).float()
     k = keys[kv_index].reshape(n, width, kv_heads, 1, dim).float()
     scores = (q * k).sum(-1) * scale  # [n, W, kv_heads, group]
-    if valid is not None:
-        scores = scores.masked_fill(~valid.reshape(n, width, 1, 1), float("-inf"))
+    past = torch.arange(width, device=lengths.device)[None, :] >= lengths[:, None]
+    scores = scores.masked_fill(past.reshape(n, width, 1, 1), float("-inf"))
     weights = torch.softmax(scores, dim=1)
     v = values[kv_index].reshape(n, width, kv_heads, 1, dim).float()
     out = (weights[..., None] * v).sum(1)  # [n, kv_heads, group, D]
@@ -89,8 +96,25 @@ def can_compile() -> bool:
     return True
 
 
-def compiled_decode_attention() -> DecodeKernel:
+class CompiledDecode:
     """:func:`decode_attention` compiled by inductor with dynamic shapes (compiled on its
     first call)."""
-    compiled: DecodeKernel = torch.compile(decode_attention, dynamic=True)
-    return compiled
+
+    #: A lone sequence's gather is small, and the compiled call's own cost (guards and
+    #: launch, about 0.15 ms per layer) made float32 batch-1 decode 3-5% slower compiled.
+    min_seqs = 2
+
+    def __init__(self) -> None:
+        self._compiled = torch.compile(decode_attention, dynamic=True)
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        kv_index: torch.Tensor,
+        lengths: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        out: torch.Tensor = self._compiled(query, keys, values, kv_index, lengths, scale)
+        return out

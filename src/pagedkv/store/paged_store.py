@@ -23,7 +23,9 @@ import torch
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
 from pagedkv.store import decode_attention
+from pagedkv.store.decode_attention import DecodeKernel
 from pagedkv.store.gather import gather_rows
+from pagedkv.store.native_decode import NativeDecode
 from pagedkv.store.ragged_attention import (
     HALF_DTYPES,
     AttentionLayout,
@@ -98,28 +100,35 @@ def _validate_config(config: StoreConfig) -> tuple[torch.dtype, torch.device]:
     return torch_dtype(config.dtype), torch_device(config.device)
 
 
-def _fuses_decode(wanted: bool | None, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether a store asked ``fused_decode=wanted`` runs the fused decode pass (PST-008).
+def _decode_kernel(
+    wanted: bool | None, dtype: torch.dtype, device: torch.device
+) -> DecodeKernel | None:
+    """The kernel decode groups attend through in a store asked ``fused_decode=wanted``
+    (PST-008): on the CPU, the C kernel for float32 and bfloat16 pools where it builds, else
+    inductor's for 16-bit pools where it finds a C++ compiler; ``None``: gathered.
 
     Raises:
-        InvalidRequest: ``True`` off the CPU or where inductor finds no C++ compiler.
+        InvalidRequest: ``True`` off the CPU, or where neither kernel can be had.
     """
-    if wanted is False or (wanted is None and dtype not in HALF_DTYPES):
-        return False
+    if wanted is False:
+        return None
     if device.type != "cpu":
         if wanted:
             raise InvalidRequest(
                 f"fused_decode runs on the CPU; this pool is on {device.type} (leave it unset)"
             )
-        return False
-    if decode_attention.can_compile():
-        return True
+        return None
+    native = NativeDecode.build(dtype)
+    if isinstance(native, NativeDecode):
+        return native
+    if dtype in HALF_DTYPES and decode_attention.can_compile():
+        return decode_attention.CompiledDecode()
     if wanted:
         raise InvalidRequest(
-            "fused_decode needs a C++ compiler for inductor; none was found (leave it unset to "
-            "attend through gathers)"
+            f"fused_decode needs a C compiler ({native.reason}) or, in a 16-bit pool, "
+            "inductor's C++ compiler; leave it unset to attend through gathers"
         )
-    return False
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +163,7 @@ class TorchPagedStore:
 
     def __init__(self, config: StoreConfig, *, fused_decode: bool | None = None) -> None:
         dtype, device = _validate_config(config)
-        fused = _fuses_decode(fused_decode, dtype, device)
-        self._decode = decode_attention.compiled_decode_attention() if fused else None
+        self._decode = _decode_kernel(fused_decode, dtype, device)
         self._config = config
         self._num_slots = config.num_pages * config.page_size
         shape = (self._num_slots, config.num_kv_heads, config.head_dim)

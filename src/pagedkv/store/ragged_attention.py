@@ -14,8 +14,9 @@ re-reading the sequence's own position 0, written, so finite): at least that fra
 gathered position is real, where one call padded to the longest context of a mixed batch read
 about half padding; prefill chunks of equal query and context lengths attend together, a few at
 a time (:data:`GROUP_ROWS` rows), so short chunks share a call while long ones keep a working
-set that fits the caches. On the CPU the store hands a fused kernel for decode groups
-(:mod:`pagedkv.store.decode_attention`), which reads the positions where they lie instead.
+set that fits the caches. On the CPU the store hands a kernel for decode groups
+(:mod:`pagedkv.store.native_decode`, :mod:`pagedkv.store.decode_attention`), which reads the
+positions where they lie instead.
 
 This module imports torch; :mod:`pagedkv.kv` does not import it (KVM-040).
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from pagedkv.store.decode_attention import MIN_FUSED_SEQS, DecodeKernel
+from pagedkv.store.decode_attention import DecodeKernel
 from pagedkv.store.gather import gather_rows
 
 #: Most query rows of one batched prefill call: equal-shape chunks are grouped up to this many
@@ -66,6 +67,8 @@ class AttentionGroup:
             group whose every context is its width).
         is_causal: plain top-left causal masking (every chunk of the group is its whole
             context).
+        context_lens: a decode group's ``[num_seqs]`` int64 contexts (its ``mask`` is
+            ``arange(width) < context_lens``); ``None`` for prefill chunks.
     """
 
     num_seqs: int
@@ -76,6 +79,7 @@ class AttentionGroup:
     kv_index: torch.Tensor
     mask: torch.Tensor | None
     is_causal: bool
+    context_lens: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +162,8 @@ def _decode_group(
     rows, span = _rows(seqs, 1, starts, device)
     index = kv_index(seqs, width)
     mask = None  # every context is the width: nothing is padded (and SDPA runs unmasked)
+    ctx = torch.tensor([contexts[b] for b in seqs], dtype=torch.int64, device=device)
     if any(contexts[b] < width for b in seqs):
-        ctx = torch.tensor([contexts[b] for b in seqs], dtype=torch.int64, device=device)
         valid = torch.arange(width, device=device)[None, :] < ctx[:, None]
         # Padding re-reads the sequence's own position 0 (always written, so finite) rather
         # than whatever the padded index holds; the mask zeroes its weight (PST-013).
@@ -174,6 +178,7 @@ def _decode_group(
         kv_index=index,
         mask=mask,
         is_causal=False,
+        context_lens=ctx,
     )
 
 
@@ -213,14 +218,15 @@ def ragged_attention(
 ) -> torch.Tensor:
     """Run ``layout`` for one layer: ``query`` ``[T, heads, D]`` over flat ``keys`` and
     ``values`` ``[N, kv_heads, D]`` (``kv_heads`` divides ``heads``); decode groups of at least
-    ``MIN_FUSED_SEQS`` sequences through ``decode`` when given
+    ``decode.min_seqs`` sequences through ``decode`` when given
     (:mod:`pagedkv.store.decode_attention`), others gathered into SDPA.
     Returns ``[T, heads, D]`` in ``query``'s dtype. No host synchronisation."""
     out = torch.empty_like(query)
     for group in layout.groups:
-        if decode is not None and group.q_len == 1 and group.num_seqs >= MIN_FUSED_SEQS:
+        lengths = group.context_lens
+        if decode is not None and lengths is not None and group.num_seqs >= decode.min_seqs:
             attended = decode(
-                _query_rows(query, group), keys, values, group.kv_index, group.mask, scale
+                _query_rows(query, group), keys, values, group.kv_index, lengths, scale
             )
         else:
             attended = _attend(query, keys, values, group, scale)
