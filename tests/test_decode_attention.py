@@ -182,3 +182,19 @@ def test_this_machine_has_the_compilers_the_fused_paths_need() -> None:
     fallback."""
     assert decode_attention.can_compile()
     assert isinstance(NativeDecode.build(torch.float32), NativeDecode)
+
+
+@pytest.mark.spec("PST-009")
+def test_inside_torch_compile_the_kernel_hands_over_to_the_compiled_formulation() -> None:
+    """A whole-graph compile of a call to the kernel succeeds (a foreign call would break the
+    graph and ``fullgraph=True`` refuses that) and gives the kernel's own result."""
+    kernel = NativeDecode.build(torch.float32)
+    assert isinstance(kernel, NativeDecode)
+    generator = torch.Generator().manual_seed(1)
+    keys, values = (torch.randn(40, 2, HEAD_DIM, generator=generator) for _ in range(2))
+    query = torch.randn(2, 4, HEAD_DIM, generator=generator)
+    kv_index = torch.randperm(40, generator=generator)[:32].view(2, 16)
+    lengths = torch.tensor([16, 9])
+    compiled = torch.compile(kernel.__call__, fullgraph=True)
+    got = compiled(query, keys, values, kv_index, lengths, 0.3)
+    torch.testing.assert_close(got, kernel(query, keys, values, kv_index, lengths, 0.3))

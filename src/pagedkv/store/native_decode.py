@@ -36,6 +36,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,10 +48,13 @@ SOURCE = Path(__file__).with_name("native") / "paged_decode.c"
 #: The compiler's flags: optimised for this CPU, OpenMP, a shared library.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 
-#: Pool dtypes the kernel reads, and its entry point for each.
-ENTRY_POINTS = {torch.float32: "paged_decode_float32", torch.bfloat16: "paged_decode_bfloat16"}
+#: Pool dtypes the kernel reads: the entry point's first argument for each.
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
-_ARGTYPES = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int]
+#: The entry point's argument types: dtype code, six pointers, five sizes, scale, threads.
+_ARGTYPES: list[Any] = (
+    [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,15 +135,15 @@ class NativeDecode:
     min_seqs = 1
 
     def __init__(self, library: Path, dtype: torch.dtype) -> None:
-        self._entry = getattr(ctypes.CDLL(str(library)), ENTRY_POINTS[dtype])
+        self._entry = ctypes.CDLL(str(library)).paged_decode
         self._entry.argtypes = _ARGTYPES
         self._entry.restype = ctypes.c_int
-        self.dtype = dtype
+        self._code = DTYPE_CODES[dtype]
 
     @classmethod
     def build(cls, dtype: torch.dtype, folder: Path | None = None) -> NativeDecode | BuildFailure:
         """The kernel for pools of ``dtype``, built if needed; the reason it cannot be."""
-        if dtype not in ENTRY_POINTS:
+        if dtype not in DTYPE_CODES:
             return BuildFailure(f"the C kernel reads float32 and bfloat16 pools, not {dtype}")
         library = build_library(folder)
         if isinstance(library, BuildFailure):
@@ -169,6 +173,7 @@ class NativeDecode:
         lens = lengths.to(torch.int64).contiguous()
         out = torch.empty(n, heads, dim, dtype=torch.float32)
         failed = self._entry(
+            self._code,
             q.data_ptr(),
             keys.data_ptr(),
             values.data_ptr(),

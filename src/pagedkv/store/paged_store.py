@@ -151,10 +151,11 @@ class TorchPagedStore:
     Args:
         config: the pool's shape. Every count must be >= 1 and ``dtype`` one of
             :data:`DTYPES`. The pools are allocated here, zero-filled, and never reallocated.
-        fused_decode: decode attention in one compiled pass over the pool (PST-008,
-            :mod:`pagedkv.store.decode_attention`); ``None`` (the default): on a 16-bit CPU
-            pool where inductor finds a C++ compiler. ``False``: gathered into SDPA, as
-            prefill chunks always are.
+        fused_decode: decode attention read where the K/V lie, without a gathered copy
+            (PST-008, :mod:`pagedkv.store.native_decode`,
+            :mod:`pagedkv.store.decode_attention`); ``None`` (the default): on a CPU pool
+            where one of the kernels can be had. ``False``: gathered into SDPA, as prefill
+            chunks always are.
 
     Raises:
         InvalidRequest: a count below 1, an unknown dtype, an unusable device, or

@@ -117,18 +117,11 @@ static int decode(pair_fn pair, const float *query, const void *keys, const void
 DEFINE_PAIR(pair_float32, float, row_float32)
 DEFINE_PAIR(pair_bfloat16, uint16_t, row_bfloat16)
 
-int paged_decode_float32(const float *query, const void *keys, const void *values,
-                         const int64_t *kv_index, const int64_t *lengths, float *out,
-                         int64_t num_seqs, int64_t width, int64_t heads, int64_t kv_heads,
-                         int64_t dim, float scale, int threads) {
-    return decode(pair_float32, query, keys, values, kv_index, lengths, out, num_seqs, width,
-                  heads, kv_heads, dim, scale, threads);
-}
-
-int paged_decode_bfloat16(const float *query, const void *keys, const void *values,
-                          const int64_t *kv_index, const int64_t *lengths, float *out,
-                          int64_t num_seqs, int64_t width, int64_t heads, int64_t kv_heads,
-                          int64_t dim, float scale, int threads) {
-    return decode(pair_bfloat16, query, keys, values, kv_index, lengths, out, num_seqs, width,
-                  heads, kv_heads, dim, scale, threads);
+/* The entry point: `bfloat16` nonzero for a bfloat16 pool, zero for a float32 one. */
+int paged_decode(int bfloat16, const float *query, const void *keys, const void *values,
+                 const int64_t *kv_index, const int64_t *lengths, float *out, int64_t num_seqs,
+                 int64_t width, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
+                 int threads) {
+    return decode(bfloat16 ? pair_bfloat16 : pair_float32, query, keys, values, kv_index,
+                  lengths, out, num_seqs, width, heads, kv_heads, dim, scale, threads);
 }
