@@ -16,7 +16,8 @@ from torch.profiler import ProfilerActivity, profile
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StoreConfig
 from pagedkv.store import decode_attention, native_decode
-from pagedkv.store.native_decode import BuildFailure, NativeDecode
+from pagedkv.native.build import BuildFailure, build_library
+from pagedkv.store.native_decode import NativeDecode
 from pagedkv.store.paged_store import TorchPagedStore
 from pagedkv.testing.tiny_qwen3 import one_torch_thread
 
@@ -127,27 +128,26 @@ def test_a_failed_build_says_why_and_leaves_no_library(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
-    failure = native_decode.build_library(tmp_path)
+    failure = build_library(native_decode.SOURCE, tmp_path)
     assert isinstance(failure, BuildFailure)
     assert "failed" in failure.reason
     assert not list(tmp_path.rglob("*.so"))
 
 
 @pytest.mark.spec("PST-009")
-def test_a_built_library_is_reused_and_named_by_its_source(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    first = native_decode.build_library(tmp_path)
+def test_a_built_library_is_reused_and_named_by_its_source(tmp_path: Path) -> None:
+    first = build_library(native_decode.SOURCE, tmp_path)
     assert isinstance(first, Path)
     built = first.stat().st_mtime_ns
-    assert native_decode.build_library(tmp_path) == first
+    assert build_library(native_decode.SOURCE, tmp_path) == first
     assert first.stat().st_mtime_ns == built
-    changed = tmp_path / "changed.c"
+    changed = tmp_path / "src" / native_decode.SOURCE.name
+    changed.parent.mkdir()
     changed.write_text(native_decode.SOURCE.read_text() + "\n/* another source */\n")
-    monkeypatch.setattr(native_decode, "SOURCE", changed)
-    other = native_decode.build_library(tmp_path)
+    other = build_library(changed, tmp_path)
     assert isinstance(other, Path)
     assert other != first
+    assert build_library(native_decode.SOURCE, tmp_path, ("-O2",)) not in (first, other)
 
 
 @pytest.mark.spec("PST-009", "PST-013")

@@ -19,10 +19,12 @@ from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.engine.static_decode import StaticDecode
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
+from pagedkv.model.fused_norms import FusedNorms, has_fused_norms, use_fused_norms
 from pagedkv.model.loader import load_model
 from pagedkv.model.packing import is_packed, pack_linear_weights, weight_nbytes
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.model.step_attention import PagedStepAttention, RecomputeStepAttention, StepAttention
+from pagedkv.native.build import BuildFailure
 from pagedkv.plan import StepPlan
 from pagedkv.store.paged_store import PagedAttentionMetadata, TorchPagedStore
 
@@ -63,7 +65,34 @@ class ModelRunner:
             )
         if self.options.packs:
             pack_linear_weights(model)
+        self._fuse_norms(model)
         self._retain_freed_memory(next(model.parameters()).device)
+
+    def _fuse_norms(self, model: Qwen3ForCausalLM) -> None:
+        """Apply ``options.fused_norms`` (ENG-116).
+
+        Raises:
+            InvalidRequest: ``True`` where the kernel cannot run, ``False`` on a model whose
+                norms another runner fused.
+        """
+        wanted = self.options.fused_norms
+        if wanted is False:
+            if has_fused_norms(model):
+                raise InvalidRequest(
+                    "fused_norms=False on a model whose norms another runner fused"
+                )
+            return
+        weight = model.model.norm.weight
+        kernel = (
+            FusedNorms.build(weight.dtype)
+            if weight.device.type == "cpu"
+            else BuildFailure(f"the fused norms run on the CPU, the model is on {weight.device}")
+        )
+        if isinstance(kernel, BuildFailure):
+            if wanted:
+                raise InvalidRequest(f"fused_norms: {kernel.reason}")
+            return
+        use_fused_norms(model, kernel)
 
     def _retain_freed_memory(self, device: torch.device) -> None:
         """Apply ``options.retain_freed_memory`` (ENG-114).

@@ -31,12 +31,19 @@ class RunnerOptions:
             (:mod:`pagedkv.engine.host_memory`; a setting of the whole process). ``None``
             (the default): on for a model on the CPU where the C library is glibc; ``True``
             where it is not is refused.
+        fused_norms: run every RMSNorm in one call of a small C kernel, fused with the
+            residual add before it or the RoPE rotation after it
+            (:mod:`pagedkv.model.fused_norms`). ``None`` (the default): on for a float32 or
+            bfloat16 model on the CPU where the kernel builds; ``True`` where it cannot be
+            built or the model is of another dtype or device is refused, and so is ``False``
+            on a model another runner fused.
     """
 
     pack_weights: bool | None = None
     compile: bool = False
     cuda_graphs: bool = False
     retain_freed_memory: bool | None = None
+    fused_norms: bool | None = None
 
     @property
     def packs(self) -> bool:

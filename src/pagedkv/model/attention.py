@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pagedkv.model.config import ModelConfig
-from pagedkv.model.layers import MergedLinear, RMSNorm, RowParallelLinear, apply_rotary
+from pagedkv.model.layers import MergedLinear, RMSNorm, RowParallelLinear
 from pagedkv.model.step_attention import StepAttention
 from pagedkv.model.tensor_parallel import Collectives, ShardLayout
 
@@ -77,11 +77,9 @@ class Qwen3Attention(nn.Module):
         """
         tokens = hidden.shape[0]
         q, k, v = self.qkv_proj.forward_parts(hidden)
-        q = self.q_norm(q.reshape(tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(k.reshape(tokens, self.num_kv_heads, self.head_dim))
+        q = self.q_norm.rotated(q.reshape(tokens, self.num_heads, self.head_dim), cos, sin)
+        k = self.k_norm.rotated(k.reshape(tokens, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
         attended = attention(self.layer, q, k, v, self.scale)
         out: torch.Tensor = self.o_proj(attended.reshape(tokens, self.num_heads * self.head_dim))
         return out

@@ -10,12 +10,16 @@ weight multiplies; rotation uses the "rotate half" layout (channel ``i`` pairs w
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from pagedkv.model.tensor_parallel import Collectives, SingleRank
+
+if TYPE_CHECKING:
+    from pagedkv.model.fused_norms import FusedNorms
 
 #: The batch size oneDNN chooses a packed weight's blocked layout for. Measured on the 0.6B
 #: shape's 28 layers (2 threads, AVX-512 without AMX): packed for 32 rows, float32 products of
@@ -133,12 +137,18 @@ class RMSNorm(nn.Module):
     """Root-mean-square normalisation over the last dimension, with a learned scale.
 
     ``y = weight * (x / sqrt(mean(x**2) + eps))``, the normalisation done in float32 and the
-    result cast to ``x``'s dtype before the scale multiplies.
+    result cast to ``x``'s dtype before the scale multiplies. With a fused kernel set
+    (:func:`~pagedkv.model.fused_norms.use_fused_norms`), inputs it takes are normalised in one
+    call, with the residual add before (:meth:`add_forward`) or the rotation after
+    (:meth:`rotated`) in the same call.
 
     Args:
         dim: size of the last dimension.
         eps: added to the mean square, > 0.
     """
+
+    #: The fused kernel, or ``None``: the torch formulation.
+    fused: FusedNorms | None = None
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -147,9 +157,27 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[..., dim]``; returns the same shape and dtype."""
+        if self.fused is not None and self.fused.takes(x, self.weight):
+            return self.fused.add_rms_norm(x, None, self.weight, self.eps)[1]
         x32 = x.to(torch.float32)
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
+
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + residual, norm(x + residual))``, ``x`` and ``residual`` of one shape."""
+        if self.fused is not None and self.fused.takes(x, self.weight):
+            return self.fused.add_rms_norm(x, residual, self.weight, self.eps)
+        total = x + residual
+        return total, self(total)
+
+    def rotated(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``apply_rotary(norm(x), cos, sin)`` of ``x`` ``[T, heads, dim]`` (see
+        :func:`apply_rotary`)."""
+        if self.fused is not None and self.fused.takes(x, self.weight):
+            return self.fused.rms_norm_rope(x, self.weight, cos, sin, self.eps)
+        return apply_rotary(self(x), cos, sin)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -62,8 +62,9 @@ class Qwen3DecoderLayer(nn.Module):
         attention: StepAttention,
     ) -> torch.Tensor:
         """``hidden``: ``[T, hidden_size]``; returns the same shape."""
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention)
-        out: torch.Tensor = hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attended = self.self_attn(self.input_layernorm(hidden), cos, sin, attention)
+        hidden, normed = self.post_attention_layernorm.add_forward(hidden, attended)
+        out: torch.Tensor = hidden + self.mlp(normed)
         return out
 
 

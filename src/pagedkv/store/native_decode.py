@@ -3,10 +3,8 @@
 The kernel (``native/paged_decode.c``) takes one query row per sequence and each sequence's
 slots, and reads every key and value row once where it lies in the pool, in its own dtype
 (float32 or bfloat16), converting to float32 in a row buffer; positions past a sequence's
-context are never read. Its work is shared over the process's OpenMP threads: built with
-``-fopenmp``, the library asks for ``libgomp.so.1``, which resolves to the runtime torch has
-already loaded under that name, so the kernel runs on torch's own thread pool, at
-``torch.get_num_threads()`` threads.
+context are never read. Its work is shared over torch's own OpenMP threads (see
+:mod:`pagedkv.native.build`), at ``torch.get_num_threads()`` threads.
 
 Measured against the other two paths on one two-core AMD EPYC (torch 2.13, 2 threads), one
 layer's decode attention, 32 sequences of up to 150 positions with Qwen3-0.6B's heads (16
@@ -16,12 +14,10 @@ bfloat16 8.2-8.9, 3.2-3.4 and 2.4 ms. Four sequences of up to 450 positions with
 model's heads (4 and 2, 64 channels): 0.26-0.30, 0.32 and 0.11-0.13 ms; one sequence is
 faster here too, so groups of any size use it.
 
-The library is compiled once per source, compiler and CPU into a cache folder
-(``$PAGEDKV_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/pagedkv/kernels``, else
-``~/.cache/pagedkv/kernels``), with ``-O3 -march=native``: it is built for the CPU it runs
-on, which the cache name includes. Where no compiler is found or the build fails,
-:meth:`NativeDecode.build` returns ``None`` with the reason, and the store falls back.
-Inside ``torch.compile`` (a compiled decode step, ENG-115) the kernel hands over to
+The library is built on first use by :mod:`pagedkv.native.build` (once per source, compiler
+and CPU, with ``-O3 -march=native``); where it cannot be built, :meth:`NativeDecode.build`
+returns the :class:`~pagedkv.native.build.BuildFailure` with the reason, and the store falls
+back. Inside ``torch.compile`` (a compiled decode step, ENG-115) the kernel hands over to
 :func:`~pagedkv.store.decode_attention.decode_attention`, which inductor compiles into the
 step, since a foreign call would break the graph.
 """
@@ -29,24 +25,16 @@ step, since a foreign call would break the graph.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pagedkv.native.build import BuildFailure, build_library
 from pagedkv.store.decode_attention import decode_attention
 
 #: The kernel's C source, shipped with the package.
 SOURCE = Path(__file__).with_name("native") / "paged_decode.c"
-
-#: The compiler's flags: optimised for this CPU, OpenMP, a shared library.
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 
 #: Pool dtypes the kernel reads: the entry point's first argument for each.
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
@@ -55,76 +43,6 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _ARGTYPES: list[Any] = (
     [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int]
 )
-
-
-@dataclass(frozen=True, slots=True)
-class BuildFailure:
-    """Why the kernel could not be built (no compiler, or the compiler's own message)."""
-
-    reason: str
-
-
-def cache_dir() -> Path:
-    """Where built kernels are kept (see the module docstring)."""
-    explicit = os.environ.get("PAGEDKV_KERNEL_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pagedkv" / "kernels"
-
-
-def find_compiler() -> str | None:
-    """``$CC`` if set, else the first of ``cc``, ``gcc`` and ``clang`` on the ``PATH``."""
-    wanted = os.environ.get("CC")
-    for name in (wanted,) if wanted else ("cc", "gcc", "clang"):
-        path = shutil.which(name)
-        if path is not None:
-            return path
-    return None
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags (Linux), so a cache shared by other CPUs rebuilds for each."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return os.uname().machine
-
-
-def build_library(folder: Path | None = None) -> Path | BuildFailure:
-    """The built library's path, compiling it into ``folder`` (default :func:`cache_dir`) if
-    it is not there yet. The build writes a temporary file and renames it, so a concurrent
-    build or an interrupted one never leaves a partial library under the final name."""
-    compiler = find_compiler()
-    if compiler is None:
-        return BuildFailure("no C compiler found ($CC, cc, gcc or clang)")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(
-        b"\0".join((source, compiler.encode(), " ".join(CFLAGS).encode(), _cpu_flags().encode()))
-    ).hexdigest()[:16]
-    folder = folder or cache_dir()
-    library = folder / f"paged_decode-{key}.so"
-    if library.exists():
-        return library
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as scratch:
-            partial = Path(scratch) / library.name
-            done = subprocess.run(
-                [compiler, *CFLAGS, "-o", str(partial), str(SOURCE)],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if done.returncode != 0:
-                return BuildFailure(f"{compiler} failed: {done.stderr.strip()[-500:]}")
-            os.replace(partial, library)
-    except OSError as exc:
-        return BuildFailure(f"cannot build into {folder}: {exc}")
-    return library
 
 
 class NativeDecode:
@@ -145,7 +63,7 @@ class NativeDecode:
         """The kernel for pools of ``dtype``, built if needed; the reason it cannot be."""
         if dtype not in DTYPE_CODES:
             return BuildFailure(f"the C kernel reads float32 and bfloat16 pools, not {dtype}")
-        library = build_library(folder)
+        library = build_library(SOURCE, folder)
         if isinstance(library, BuildFailure):
             return library
         try:
