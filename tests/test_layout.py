@@ -62,6 +62,15 @@ def test_the_kv_package_imports_no_torch() -> None:
     assert offences(paths, forbidden) == []
 
 
+def test_the_kernel_build_package_imports_no_torch() -> None:
+    """``pagedkv.native`` compiles C sources; the kernels' torch wrappers live with their users
+    (the store's decode attention, the model's fused norms)."""
+    paths = sorted((SRC / "native").glob("*.py"))
+    assert len(paths) >= 2
+    forbidden = ("torch", "pagedkv.store", "pagedkv.model", "pagedkv.engine")
+    assert offences(paths, forbidden) == []
+
+
 @pytest.mark.spec("ENG-063")
 def test_what_people_use_holds_engines_through_the_protocol() -> None:
     paths = sorted((SRC / "entrypoints").rglob("*.py")) + [SRC / "engine" / "llm.py"]
