@@ -28,11 +28,6 @@ def _one_torch_thread() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_checkpoint(PRESETS["tied-gqa2"], tmp_path_factory.mktemp("tied"))
-
-
 class Counted:
     """A kernel entry point that counts its calls."""
 
@@ -139,8 +134,9 @@ def test_inside_torch_compile_the_torch_formulation_runs() -> None:
 
 @pytest.mark.spec("ENG-116", "ENG-111")
 def test_the_runner_fuses_where_it_can_and_refuses_what_it_cannot(
-    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    checkpoint = build_tiny_checkpoint(PRESETS["tied-gqa2"], tmp_path / "tied")
     for dtype in ("float32", "bfloat16"):
         assert has_fused_norms(paged_runner(checkpoint, dtype=dtype).model)
     assert not has_fused_norms(paged_runner(checkpoint, dtype="float16").model)
@@ -150,7 +146,7 @@ def test_the_runner_fuses_where_it_can_and_refuses_what_it_cannot(
     fused = paged_runner(checkpoint).model
     with pytest.raises(InvalidRequest, match="fused_norms=False"):
         ModelRunner.recompute(fused, RunnerOptions(fused_norms=False))
-    monkeypatch.setenv("PAGEDKV_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("PAGEDKV_KERNEL_CACHE", str(tmp_path / "kernels"))
     monkeypatch.setenv("CC", "no-such-compiler")
     assert not has_fused_norms(paged_runner(checkpoint).model)
     with pytest.raises(InvalidRequest, match="fused_norms: no C compiler"):

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from pagedkv.model.layers import RMSNorm
-from pagedkv.native.build import BuildFailure, build_library
+from pagedkv.native.build import BuildFailure, load_library
 
 #: The kernel's C source, shipped with the package.
 SOURCE = Path(__file__).with_name("native") / "fused_norms.c"
@@ -48,12 +48,11 @@ class FusedNorms:
     """The kernel for one dtype on the CPU. Build it with :meth:`build`; every call checks
     :meth:`takes` first (:class:`~pagedkv.model.layers.RMSNorm` does)."""
 
-    def __init__(self, library: Path, dtype: torch.dtype) -> None:
-        loaded = ctypes.CDLL(str(library))
-        self._add_rms_norm = loaded.add_rms_norm
+    def __init__(self, library: ctypes.CDLL, dtype: torch.dtype) -> None:
+        self._add_rms_norm = library.add_rms_norm
         self._add_rms_norm.argtypes = _ADD_RMS_NORM
         self._add_rms_norm.restype = ctypes.c_int
-        self._rms_norm_rope = loaded.rms_norm_rope
+        self._rms_norm_rope = library.rms_norm_rope
         self._rms_norm_rope.argtypes = _RMS_NORM_ROPE
         self._rms_norm_rope.restype = ctypes.c_int
         self.dtype = dtype
@@ -64,13 +63,8 @@ class FusedNorms:
         """The kernel for ``dtype``, built if needed; the reason it cannot be."""
         if dtype not in DTYPE_CODES:
             return BuildFailure(f"the fused norms compute in float32 and bfloat16, not {dtype}")
-        library = build_library(SOURCE, folder, EXTRA_FLAGS)
-        if isinstance(library, BuildFailure):
-            return library
-        try:
-            return cls(library, dtype)
-        except OSError as exc:
-            return BuildFailure(f"cannot load {library.name}: {exc}")
+        library = load_library(SOURCE, folder, EXTRA_FLAGS)
+        return library if isinstance(library, BuildFailure) else cls(library, dtype)
 
     def takes(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether this kernel computes the norm of ``x`` by ``weight``: both of its dtype on

@@ -10,6 +10,7 @@ libraries are kept in ``$PAGEDKV_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/pagedkv/
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -96,3 +97,16 @@ def build_library(
     except OSError as exc:
         return BuildFailure(f"cannot build into {folder}: {exc}")
     return library
+
+
+def load_library(
+    source: Path, folder: Path | None = None, extra_flags: Sequence[str] = ()
+) -> ctypes.CDLL | BuildFailure:
+    """``source``'s library (see :func:`build_library`), loaded; the reason it cannot be."""
+    library = build_library(source, folder, extra_flags)
+    if isinstance(library, BuildFailure):
+        return library
+    try:
+        return ctypes.CDLL(str(library))
+    except OSError as exc:
+        return BuildFailure(f"cannot load {library.name}: {exc}")

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from pagedkv.native.build import BuildFailure, build_library
+from pagedkv.native.build import BuildFailure, load_library
 from pagedkv.store.decode_attention import decode_attention
 
 #: The kernel's C source, shipped with the package.
@@ -52,8 +52,8 @@ class NativeDecode:
     #: Even one sequence reads faster here than gathered (see the module docstring).
     min_seqs = 1
 
-    def __init__(self, library: Path, dtype: torch.dtype) -> None:
-        self._entry = ctypes.CDLL(str(library)).paged_decode
+    def __init__(self, library: ctypes.CDLL, dtype: torch.dtype) -> None:
+        self._entry = library.paged_decode
         self._entry.argtypes = _ARGTYPES
         self._entry.restype = ctypes.c_int
         self._code = DTYPE_CODES[dtype]
@@ -63,13 +63,8 @@ class NativeDecode:
         """The kernel for pools of ``dtype``, built if needed; the reason it cannot be."""
         if dtype not in DTYPE_CODES:
             return BuildFailure(f"the C kernel reads float32 and bfloat16 pools, not {dtype}")
-        library = build_library(SOURCE, folder)
-        if isinstance(library, BuildFailure):
-            return library
-        try:
-            return cls(library, dtype)
-        except OSError as exc:
-            return BuildFailure(f"cannot load {library.name}: {exc}")
+        library = load_library(SOURCE, folder)
+        return library if isinstance(library, BuildFailure) else cls(library, dtype)
 
     def __call__(
         self,
