@@ -15,8 +15,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StoreConfig
-from pagedkv.store import decode_attention, native_decode
 from pagedkv.native.build import BuildFailure, build_library
+from pagedkv.store import decode_attention, native_decode
 from pagedkv.store.native_decode import NativeDecode
 from pagedkv.store.paged_store import TorchPagedStore
 from pagedkv.testing.tiny_qwen3 import one_torch_thread
