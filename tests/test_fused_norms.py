@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from test_runner_options import generate, paged_runner
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
-from pagedkv.model.fused_norms import FusedNorms, has_fused_norms
+from pagedkv.model.fused_norms import MAX_CHANNELS, MAX_HEAD_DIM, FusedNorms, has_fused_norms
 from pagedkv.model.layers import RMSNorm, apply_rotary
 from pagedkv.model.loader import load_model
 from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint, one_torch_thread
@@ -49,6 +50,18 @@ def counted_kernel(dtype: torch.dtype) -> tuple[FusedNorms, Counted, Counted]:
     return kernel, add, rope
 
 
+@contextmanager
+def two_threads() -> Iterator[None]:
+    """Two torch threads in the body, so that calls of many rows run the kernel's threaded
+    path on two threads rather than a team of one."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def random_norm(dim: int, dtype: torch.dtype, generator: torch.Generator) -> RMSNorm:
     norm = RMSNorm(dim, 1e-6).to(dtype)
     norm.weight.data = (torch.rand(dim, generator=generator) + 0.5).to(dtype)
@@ -79,11 +92,12 @@ def test_the_residual_add_and_norm_are_torch_s(dtype: torch.dtype, rows: int, di
     residual = torch.randn(rows, dim, generator=generator).to(dtype)
     expected_sum, expected_norm, expected_plain = x + residual, norm(x + residual), norm(x)
     norm.fused, add, _ = counted_kernel(dtype)
-    total, normed = norm.add_forward(x, residual)
-    assert torch.equal(total, expected_sum)
-    assert_within(normed, expected_norm)
-    assert torch.equal(normed, norm(total))  # the norm reads the sum as rounded
-    assert_within(norm(x), expected_plain)
+    with two_threads():
+        total, normed = norm.add_forward(x, residual)
+        assert torch.equal(total, expected_sum)
+        assert_within(normed, expected_norm)
+        assert torch.equal(normed, norm(total))  # the norm reads the sum as rounded
+        assert_within(norm(x), expected_plain)
     assert add.calls == 3
 
 
@@ -105,10 +119,44 @@ def test_the_head_norm_and_rotation_are_torch_s(dtype: torch.dtype, tokens: int,
     expected = [apply_rotary(norm(x), cos, sin) for x in (query, key)]
     norm.fused, _, rope = counted_kernel(dtype)
     for x, want in zip((query, key), expected, strict=True):
-        got = norm.rotated(x, cos, sin)
+        with two_threads():
+            got = norm.rotated(x, cos, sin)
         assert got.is_contiguous()
         assert_within(got, want)
     assert rope.calls == 2
+
+
+@pytest.mark.spec("ENG-116")
+def test_inputs_the_kernel_does_not_take_stay_with_torch() -> None:
+    """Rows wider than the kernel's buffers, heads wider than its rotation's and a residual of
+    another dtype run the torch formulation (no kernel call for them); a strided residual is
+    copied, then fused."""
+    generator = torch.Generator().manual_seed(1)
+    wide = random_norm(MAX_CHANNELS + 1, torch.float32, generator)
+    x = torch.randn(2, MAX_CHANNELS + 1, generator=generator)
+    expected = wide(x)
+    wide.fused, add, rope = counted_kernel(torch.float32)
+    assert torch.equal(wide(x), expected)
+    head = MAX_HEAD_DIM + 2
+    norm = random_norm(head, torch.float32, generator)
+    heads, cos, sin = torch.randn(3, 2, head), torch.randn(3, head), torch.randn(3, head)
+    expected = apply_rotary(norm(heads), cos, sin)
+    norm.fused = wide.fused
+    assert_within(norm.rotated(heads, cos, sin), expected)
+    assert (add.calls, rope.calls) == (1, 0)  # the norm alone fused, then torch's rotation
+    small = random_norm(64, torch.float32, generator)
+    rows, other = torch.randn(5, 64), torch.randn(5, 64, dtype=torch.float64)
+    expected_sum, expected_norm = small.add_forward(rows, other)
+    small.fused = wide.fused
+    total, normed = small.add_forward(rows, other)
+    assert torch.equal(total, expected_sum)
+    assert torch.equal(normed, expected_norm)
+    assert add.calls == 1
+    strided = torch.randn(64, 5).t()
+    contiguous = small.add_forward(rows, strided.contiguous())
+    for got, want in zip(small.add_forward(rows, strided), contiguous, strict=True):
+        assert torch.equal(got, want)
+    assert add.calls == 3
 
 
 @pytest.mark.spec("ENG-116")
@@ -146,6 +194,8 @@ def test_the_runner_fuses_where_it_can_and_refuses_what_it_cannot(
     fused = paged_runner(checkpoint).model
     with pytest.raises(InvalidRequest, match="fused_norms=False"):
         ModelRunner.recompute(fused, RunnerOptions(fused_norms=False))
+    with pytest.raises(InvalidRequest, match=r"fused_norms: .*CPU, the model is on meta"):
+        ModelRunner.recompute(load_model(checkpoint).to("meta"), RunnerOptions(fused_norms=True))
     monkeypatch.setenv("PAGEDKV_KERNEL_CACHE", str(tmp_path / "kernels"))
     monkeypatch.setenv("CC", "no-such-compiler")
     assert not has_fused_norms(paged_runner(checkpoint).model)

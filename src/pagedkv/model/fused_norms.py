@@ -35,6 +35,10 @@ SOURCE = Path(__file__).with_name("native") / "fused_norms.c"
 #: No fused multiply-add: every product is rounded before it is summed, as torch rounds it.
 EXTRA_FLAGS = ("-ffp-contract=off",)
 
+#: The widest row the C file's buffers hold: a norm's channels, and a rotated head's.
+MAX_CHANNELS = 16384
+MAX_HEAD_DIM = 1024
+
 #: Dtypes the kernel computes in: the entry points' first argument for each.
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -45,8 +49,9 @@ _RMS_NORM_ROPE: list[Any] = [_INT, *[_POINTER] * 5, *[_SIZE] * 4, _FLOAT, _INT]
 
 
 class FusedNorms:
-    """The kernel for one dtype on the CPU. Build it with :meth:`build`; every call checks
-    :meth:`takes` first (:class:`~pagedkv.model.layers.RMSNorm` does)."""
+    """The kernel for one dtype on the CPU. Build it with :meth:`build`; a call is made only
+    for inputs :meth:`takes`, :meth:`takes_sum` or :meth:`takes_rotation` accepts
+    (:class:`~pagedkv.model.layers.RMSNorm` asks first), others stay with torch."""
 
     def __init__(self, library: ctypes.CDLL, dtype: torch.dtype) -> None:
         self._add_rms_norm = library.add_rms_norm
@@ -68,38 +73,56 @@ class FusedNorms:
 
     def takes(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether this kernel computes the norm of ``x`` by ``weight``: both of its dtype on
-        the CPU, rows contiguous, and not inside ``torch.compile``."""
+        the CPU, rows contiguous and at most :data:`MAX_CHANNELS` wide, and not inside
+        ``torch.compile``."""
         return (
-            x.dtype == self.dtype
+            x.shape[-1] <= MAX_CHANNELS
+            and x.dtype == self.dtype
             and weight.dtype == self.dtype
             and x.device.type == "cpu"
             and x.stride(-1) == 1
             and not torch.compiler.is_compiling()
         )
 
+    def takes_sum(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+        """:meth:`takes`, and ``residual`` of ``x``'s dtype and shape."""
+        same = (residual.dtype, residual.shape) == (x.dtype, x.shape)
+        return same and self.takes(x, weight)
+
+    def takes_rotation(
+        self, x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> bool:
+        """:meth:`takes` for ``x`` ``[T, heads, dim]``, ``dim`` at most :data:`MAX_HEAD_DIM`,
+        and tables of one ``dim``-wide row per token."""
+        tokens, _, dim = x.shape
+        fits = dim <= MAX_HEAD_DIM and cos.shape == sin.shape == (tokens, dim)
+        return fits and self.takes(x, weight)
+
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(s, norm(s))`` with ``s = x + residual`` (``s = x`` when ``residual`` is
         ``None``); ``x`` and ``residual`` ``[..., dim]`` of the same shape."""
-        x = x.contiguous()
+        # Every tensor whose pointer the kernel reads is held by a name until it returns.
+        x, weight = x.contiguous(), weight.contiguous()
+        residual = None if residual is None else residual.contiguous()
         dim = x.shape[-1]
         total = x if residual is None else torch.empty_like(x)
         out = torch.empty_like(x)
         failed = self._add_rms_norm(
             self._code,
             x.data_ptr(),
-            None if residual is None else residual.contiguous().data_ptr(),
+            None if residual is None else residual.data_ptr(),
             total.data_ptr(),
             out.data_ptr(),
-            weight.contiguous().data_ptr(),
+            weight.data_ptr(),
             x.numel() // dim,
             dim,
             eps,
             torch.get_num_threads(),
         )
         if failed:
-            raise ValueError(f"the fused norm takes rows of at most 16384 channels, not {dim}")
+            raise ValueError(f"the fused norm takes rows of at most {MAX_CHANNELS}, not {dim}")
         return total, out
 
     def rms_norm_rope(
@@ -116,14 +139,17 @@ class FusedNorms:
         tokens, heads, dim = x.shape
         if x.stride(1) != dim:
             x = x.contiguous()
+        # Every tensor whose pointer the kernel reads is held by a name until it returns.
+        weight = weight.contiguous()
+        cos, sin = cos.to(x.dtype).contiguous(), sin.to(x.dtype).contiguous()
         out = torch.empty(tokens, heads, dim, dtype=x.dtype)
         failed = self._rms_norm_rope(
             self._code,
             x.data_ptr(),
             out.data_ptr(),
-            weight.contiguous().data_ptr(),
-            cos.to(x.dtype).contiguous().data_ptr(),
-            sin.to(x.dtype).contiguous().data_ptr(),
+            weight.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
             tokens,
             heads,
             dim,
@@ -132,7 +158,7 @@ class FusedNorms:
             torch.get_num_threads(),
         )
         if failed:
-            raise ValueError(f"the fused norm and rotation take heads of at most 1024, not {dim}")
+            raise ValueError(f"the fused rotation takes heads of at most {MAX_HEAD_DIM}, not {dim}")
         return out
 
 

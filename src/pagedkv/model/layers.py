@@ -167,11 +167,7 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x + residual, norm(x + residual))``, ``x`` and ``residual`` of one shape."""
-        if (
-            self.fused is not None
-            and self.fused.takes(x, self.weight)
-            and (residual.dtype, residual.shape) == (x.dtype, x.shape)
-        ):
+        if self.fused is not None and self.fused.takes_sum(x, residual, self.weight):
             return self.fused.add_rms_norm(x, residual, self.weight, self.eps)
         total = x + residual
         return total, self(total)
@@ -179,12 +175,7 @@ class RMSNorm(nn.Module):
     def rotated(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``apply_rotary(norm(x), cos, sin)`` of ``x`` ``[T, heads, dim]`` (see
         :func:`apply_rotary`)."""
-        tables = (x.shape[0], x.shape[2])
-        if (
-            self.fused is not None
-            and self.fused.takes(x, self.weight)
-            and cos.shape == sin.shape == tables
-        ):
+        if self.fused is not None and self.fused.takes_rotation(x, self.weight, cos, sin):
             return self.fused.rms_norm_rope(x, self.weight, cos, sin, self.eps)
         return apply_rotary(self(x), cos, sin)
 
