@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,12 @@ from pagedkv.errors import InvalidRequest
 from pagedkv.model.fused_norms import MAX_CHANNELS, MAX_HEAD_DIM, FusedNorms, has_fused_norms
 from pagedkv.model.layers import RMSNorm, apply_rotary
 from pagedkv.model.loader import load_model
-from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint, one_torch_thread
+from pagedkv.testing.tiny_qwen3 import (
+    PRESETS,
+    build_tiny_checkpoint,
+    one_torch_thread,
+    torch_threads,
+)
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -48,18 +52,6 @@ def counted_kernel(dtype: torch.dtype) -> tuple[FusedNorms, Counted, Counted]:
     add, rope = Counted(kernel._add_rms_norm), Counted(kernel._rms_norm_rope)
     kernel._add_rms_norm, kernel._rms_norm_rope = add, rope  # type: ignore[assignment]
     return kernel, add, rope
-
-
-@contextmanager
-def two_threads() -> Iterator[None]:
-    """Two torch threads in the body, so that calls of many rows run the kernel's threaded
-    path on two threads rather than a team of one."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def random_norm(dim: int, dtype: torch.dtype, generator: torch.Generator) -> RMSNorm:
@@ -92,7 +84,7 @@ def test_the_residual_add_and_norm_are_torch_s(dtype: torch.dtype, rows: int, di
     residual = torch.randn(rows, dim, generator=generator).to(dtype)
     expected_sum, expected_norm, expected_plain = x + residual, norm(x + residual), norm(x)
     norm.fused, add, _ = counted_kernel(dtype)
-    with two_threads():
+    with torch_threads(2):  # the threaded path on two threads, not a team of one
         total, normed = norm.add_forward(x, residual)
         assert torch.equal(total, expected_sum)
         assert_within(normed, expected_norm)
@@ -119,7 +111,7 @@ def test_the_head_norm_and_rotation_are_torch_s(dtype: torch.dtype, tokens: int,
     expected = [apply_rotary(norm(x), cos, sin) for x in (query, key)]
     norm.fused, _, rope = counted_kernel(dtype)
     for x, want in zip((query, key), expected, strict=True):
-        with two_threads():
+        with torch_threads(2):  # the threaded path on two threads, not a team of one
             got = norm.rotated(x, cos, sin)
         assert got.is_contiguous()
         assert_within(got, want)

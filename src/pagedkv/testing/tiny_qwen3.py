@@ -36,7 +36,7 @@ import json
 import math
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,18 +246,23 @@ def preset_spec(name: str) -> TinySpec:
 
 
 @contextmanager
-def one_torch_thread() -> Iterator[None]:
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the body with ``count`` intra-op torch threads, restoring the previous count after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def one_torch_thread() -> AbstractContextManager[None]:
     """Run the body with one intra-op torch thread, restoring the previous count after.
 
     Tiny models gain nothing from threads, and on a loaded machine the thread pool's
     contention can make them many times slower. Opt-in, for tests and benchmarks only.
     """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+    return torch_threads(1)
 
 
 def model_device() -> str:
