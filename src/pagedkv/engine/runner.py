@@ -21,6 +21,7 @@ from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
 from pagedkv.model.fused_norms import FusedNorms, has_fused_norms, use_fused_norms
 from pagedkv.model.loader import load_model
+from pagedkv.model.packed_gemv import PackedGemv, has_packed_gemv, use_packed_gemv
 from pagedkv.model.packing import is_packed, pack_linear_weights, weight_nbytes
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.model.step_attention import PagedStepAttention, RecomputeStepAttention, StepAttention
@@ -66,6 +67,7 @@ class ModelRunner:
         if self.options.packs:
             pack_linear_weights(model)
         self._fuse_norms(model)
+        self._use_packed_gemv(model)
         self._retain_freed_memory(next(model.parameters()).device)
 
     def _fuse_norms(self, model: Qwen3ForCausalLM) -> None:
@@ -93,6 +95,32 @@ class ModelRunner:
                 raise InvalidRequest(f"fused_norms: {kernel.reason}")
             return
         use_fused_norms(model, kernel)
+
+    def _use_packed_gemv(self, model: Qwen3ForCausalLM) -> None:
+        """Apply ``options.packed_gemv`` (ENG-117).
+
+        Raises:
+            InvalidRequest: ``True`` where the kernel cannot be built or reads no layer's
+                weight, ``False`` on a model whose layers another runner gave the kernel.
+        """
+        wanted = self.options.packed_gemv
+        if wanted is False:
+            if has_packed_gemv(model):
+                raise InvalidRequest(
+                    "packed_gemv=False on a model whose layers another runner gave the kernel"
+                )
+            return
+        kernel = PackedGemv.build()
+        if isinstance(kernel, BuildFailure):
+            if wanted:
+                raise InvalidRequest(f"packed_gemv: {kernel.reason}")
+            return
+        if use_packed_gemv(model, kernel) == 0 and wanted:
+            raise InvalidRequest(
+                "packed_gemv: no linear layer holds a weight packed in a layout the kernel "
+                "reads (pack_weights off, compile on, or a dtype or device oneDNN does not "
+                "pack, or a layout other than AB16b64a and AB16b32a2b)"
+            )
 
     def _retain_freed_memory(self, device: torch.device) -> None:
         """Apply ``options.retain_freed_memory`` (ENG-114).

@@ -37,6 +37,14 @@ class RunnerOptions:
             bfloat16 model on the CPU where the kernel builds; ``True`` where it cannot be
             built or the model is of another dtype or device is refused, and so is ``False``
             on a model another runner fused.
+        packed_gemv: run the products of one to four rows with a packed weight through a
+            small C kernel that reads oneDNN's packed layout itself
+            (:mod:`pagedkv.model.packed_gemv`; decode steps of few sequences, the LM head of
+            a prefill), each layer only once its layout was checked byte for byte. ``None``
+            (the default): on for every packed layer where the kernel builds; ``True`` where
+            it cannot be built or no layer holds a weight it reads (``pack_weights`` off,
+            ``compile`` on, another dtype or device) is refused, and so is ``False`` on a
+            model whose layers another runner gave the kernel.
     """
 
     pack_weights: bool | None = None
@@ -44,6 +52,7 @@ class RunnerOptions:
     cuda_graphs: bool = False
     retain_freed_memory: bool | None = None
     fused_norms: bool | None = None
+    packed_gemv: bool | None = None
 
     @property
     def packs(self) -> bool:

@@ -16,10 +16,12 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from pagedkv.model.packed_layout import PackedWeight, read_layout
 from pagedkv.model.tensor_parallel import Collectives, SingleRank
 
 if TYPE_CHECKING:
     from pagedkv.model.fused_norms import FusedNorms
+    from pagedkv.model.packed_gemv import PackedGemv
 
 #: The batch size oneDNN chooses a packed weight's blocked layout for. Measured on the 0.6B
 #: shape's 28 layers (2 threads, AVX-512 without AMX): packed for 32 rows, float32 products of
@@ -50,19 +52,26 @@ class Linear(nn.Linear):
     """``nn.Linear`` whose weight may be repacked once for a faster CPU kernel.
 
     :meth:`pack` swaps the weight for oneDNN's blocked layout (the format its AVX-512 and AMX
-    kernels read); the plain weight is then released, so the layer holds one copy. Unpacked, it
-    is exactly ``nn.Linear``.
+    kernels read); the plain weight is then released, so the layer holds one copy. Packed, its
+    products of a few rows may run through a kernel that reads the packed weight itself
+    (:attr:`gemv`, :mod:`pagedkv.model.packed_gemv`). Unpacked, it is exactly ``nn.Linear``.
     """
 
     packed: torch.Tensor | None = None
     #: Bytes per element of the weight that was packed (0 while unpacked).
     packed_itemsize: int = 0
+    #: The packed weight's address and layout, where the layout is one checked byte for byte
+    #: (:func:`~pagedkv.model.packed_layout.read_layout`); ``None`` otherwise.
+    packed_weight: PackedWeight | None = None
+    #: The kernel for products of few rows with the packed weight, or ``None``: oneDNN.
+    gemv: PackedGemv | None = None
 
     def pack(self) -> None:
         """Repack the weight for oneDNN (see :mod:`pagedkv.model.packing`); idempotent."""
         if self.packed is None:
             self.packed_itemsize = self.weight.element_size()
             self.packed = onednn_pack(self.weight)
+            self.packed_weight = read_layout(self.weight, self.packed)
             self.register_parameter("weight", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,6 +82,9 @@ class Linear(nn.Linear):
         """``x @ weight.T``, plus the bias (if any) when ``with_bias``."""
         bias = self.bias if with_bias else None
         if self.packed is not None:
+            packed = self.packed_weight
+            if self.gemv is not None and packed is not None and self.gemv.takes(x, packed, bias):
+                return self.gemv.product(x, packed, self.out_features, bias)
             return onednn_linear(x, self.packed, bias)
         return F.linear(x, self.weight, bias)
 

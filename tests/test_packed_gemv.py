@@ -1,0 +1,224 @@
+"""Products of a few rows read straight from oneDNN's packed weights (ENG-117)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_runner_options import generate, paged_runner
+
+from pagedkv.engine.runner import ModelRunner
+from pagedkv.engine.runner_options import RunnerOptions
+from pagedkv.errors import InvalidRequest
+from pagedkv.model.layers import Linear, onednn_linear
+from pagedkv.model.loader import load_model
+from pagedkv.model.packed_gemv import MAX_ROWS, PackedGemv, has_packed_gemv, use_packed_gemv
+from pagedkv.model.packed_layout import (
+    LAYOUTS,
+    BlockedLayout,
+    PackedWeight,
+    packed_bytes,
+    read_layout,
+)
+from pagedkv.model.packing import packing_supported
+from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint, torch_threads
+
+DTYPES = [torch.float32, torch.bfloat16]
+#: (out, in): whole blocks, padded outputs, padded inputs, both padded and wider than a group
+#: of four output blocks, an odd input count (a half-filled bfloat16 pair).
+SHAPES = [(128, 64), (100, 72), (33, 50), (300, 96), (7, 5)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _two_torch_threads() -> Iterator[None]:
+    with torch_threads(2):
+        yield
+
+
+def layout_of(dtype: torch.dtype) -> BlockedLayout:
+    return next(layout for layout in LAYOUTS if layout.dtype == dtype)
+
+
+class Counted:
+    """A kernel entry point that counts its calls."""
+
+    def __init__(self, entry: Callable[..., int]) -> None:
+        self.entry = entry
+        self.calls = 0
+
+    def __call__(self, *args: Any) -> int:
+        self.calls += 1
+        return self.entry(*args)
+
+
+#: The kernel as built for this CPU, and built as for a CPU without a bfloat16 dot product.
+BUILDS = [(), ("-DPAGEDKV_PORTABLE",)]
+
+
+def counted_kernel(flags: tuple[str, ...] = ()) -> tuple[PackedGemv, dict[torch.dtype, Counted]]:
+    kernel = PackedGemv.build(extra_flags=flags)
+    assert isinstance(kernel, PackedGemv), kernel
+    counts = {dtype: Counted(entry) for dtype, entry in kernel._entries.items()}
+    kernel._entries = dict(counts)
+    return kernel, counts
+
+
+def within_one_step(got: torch.Tensor, exact: torch.Tensor) -> bool:
+    """Float32: within 1e-5 of the exact product relative to its largest value; bfloat16: within
+    one bfloat16 step of it (and the float32 sum's own error, relative to the largest value)."""
+    error = (got.double() - exact).abs()
+    scale = exact.abs().max().item()
+    if got.dtype == torch.float32:
+        return bool((error <= 1e-5 * scale).all())
+    step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
+    return bool((error <= step + 1e-5 * scale).all())
+
+
+@pytest.mark.spec("ENG-117")
+@pytest.mark.parametrize("flags", BUILDS, ids=["native", "portable"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_kernel_computes_the_product_in_each_layout(
+    dtype: torch.dtype, shape: tuple[int, int], flags: tuple[str, ...]
+) -> None:
+    """On weights laid out by the layout's own packing (so on any CPU, whatever oneDNN would
+    choose): 1 to 4 rows, rows further apart than their width, a leading batch dimension, a
+    bias."""
+    generator = torch.Generator().manual_seed(sum(shape))
+    out_features, in_features = shape
+    weight = torch.randn(shape, generator=generator).to(dtype)
+    bias = torch.randn(out_features, generator=generator).to(dtype)
+    layout = layout_of(dtype)
+    packed = layout.pack(weight)
+    blocked = PackedWeight(layout, packed.data_ptr())
+    kernel, counts = counted_kernel(flags)
+    for rows in range(1, MAX_ROWS + 1):
+        wide = torch.randn(rows, in_features + 3, generator=generator).to(dtype)
+        x = wide[:, :in_features]
+        for with_bias in (None, bias):
+            assert kernel.takes(x, blocked, with_bias)
+            got = kernel.product(x, blocked, out_features, with_bias)
+            exact = x.double() @ weight.double().T
+            if with_bias is not None:
+                exact += with_bias.double()
+            assert got.shape == (rows, out_features)
+            assert got.dtype == dtype
+            assert within_one_step(got, exact), (rows, with_bias is None)
+    batched = torch.randn(2, 2, in_features, generator=generator).to(dtype)
+    got = kernel.product(batched, blocked, out_features, None)
+    assert got.shape == (2, 2, out_features)
+    assert within_one_step(got, batched.double() @ weight.double().T)
+    assert counts[dtype].calls == 2 * MAX_ROWS + 1
+
+
+@pytest.mark.spec("ENG-117")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_kernel_takes_only_what_it_computes(dtype: torch.dtype) -> None:
+    layout = layout_of(dtype)
+    weight = torch.randn(64, 32).to(dtype)
+    packed = layout.pack(weight)
+    blocked = PackedWeight(layout, packed.data_ptr())
+    kernel, _ = counted_kernel()
+    other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+    assert kernel.takes(torch.randn(MAX_ROWS, 32).to(dtype), blocked, None)
+    assert not kernel.takes(torch.randn(MAX_ROWS + 1, 32).to(dtype), blocked, None)
+    assert not kernel.takes(torch.randn(1, 32).to(other), blocked, None)
+    assert not kernel.takes(torch.randn(1, 64).to(dtype)[:, ::2], blocked, None)
+    assert not kernel.takes(torch.randn(1, 32).to(dtype), blocked, torch.randn(64).to(other))
+    with pytest.raises(ValueError, match=f"1 to {MAX_ROWS} rows, not {MAX_ROWS + 1}"):
+        kernel.product(torch.randn(MAX_ROWS + 1, 32).to(dtype), blocked, 64, None)
+
+
+def packed_linear(shape: tuple[int, int], dtype: torch.dtype) -> tuple[Linear, torch.Tensor]:
+    """A packed layer of ``shape`` and a copy of its plain weight."""
+    if not packing_supported(dtype, torch.device("cpu")):
+        pytest.skip(f"oneDNN does not pack {dtype} weights on this CPU")
+    out_features, in_features = shape
+    layer = Linear(in_features, out_features, bias=True).to(dtype)
+    weight = layer.weight.detach().clone()
+    layer.pack()
+    if layer.packed_weight is None:
+        pytest.skip(f"oneDNN packs {dtype} in a layout the kernel does not read on this CPU")
+    return layer, weight
+
+
+@pytest.mark.spec("ENG-117")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_layout_is_named_only_when_onednns_bytes_equal_its_packing(dtype: torch.dtype) -> None:
+    layer, weight = packed_linear((100, 72), dtype)
+    assert layer.packed is not None
+    assert layer.packed_weight is not None
+    assert layer.packed_weight.layout == layout_of(dtype)
+    assert read_layout(weight, layer.packed) == layer.packed_weight
+    # Another weight of the same shape and dtype: the bytes differ, so no layout is named.
+    assert read_layout(torch.randn(100, 72).to(dtype), layer.packed) is None
+    # The padding is compared too: its last byte (output 127 of 100) made nonzero.
+    found = packed_bytes(layer.packed)
+    assert found is not None
+    found[-1] = 0x3F
+    assert read_layout(weight, layer.packed) is None
+
+
+@pytest.mark.spec("ENG-117")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_packed_layer_runs_few_rows_through_the_kernel_and_more_through_onednn(
+    dtype: torch.dtype,
+) -> None:
+    layer, weight = packed_linear((300, 96), dtype)
+    assert layer.packed is not None
+    assert layer.bias is not None
+    kernel, counts = counted_kernel()
+    assert use_packed_gemv(layer, kernel) == 1
+    assert has_packed_gemv(layer)
+    for rows in range(1, MAX_ROWS + 2):
+        x = torch.randn(rows, 96).to(dtype)
+        got = layer(x)
+        if rows <= MAX_ROWS:
+            exact = x.double() @ weight.double().T + layer.bias.double()
+            assert within_one_step(got, exact)
+        else:
+            assert torch.equal(got, onednn_linear(x, layer.packed, layer.bias))
+    assert counts[dtype].calls == MAX_ROWS
+    assert use_packed_gemv(layer, None) == 0
+    assert not has_packed_gemv(layer)
+
+
+@pytest.mark.spec("ENG-117", "ENG-111")
+def test_the_runner_gives_the_kernel_where_it_can_and_refuses_what_it_cannot(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    checkpoint = build_tiny_checkpoint(PRESETS["tied-gqa2"], tmp_path / "tied")
+    runner = paged_runner(checkpoint)
+    if not has_packed_gemv(runner.model):
+        pytest.skip("oneDNN packs the tiny model's float32 weights in another layout here")
+    assert not has_packed_gemv(paged_runner(checkpoint, RunnerOptions(packed_gemv=False)).model)
+    plain = RunnerOptions(pack_weights=False, packed_gemv=True)
+    with pytest.raises(InvalidRequest, match="packed_gemv: no linear layer holds"):
+        paged_runner(checkpoint, plain)
+    with pytest.raises(InvalidRequest, match="packed_gemv=False"):
+        ModelRunner.recompute(runner.model, RunnerOptions(packed_gemv=False))
+    monkeypatch.setenv("PAGEDKV_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert not has_packed_gemv(paged_runner(checkpoint).model)
+    with pytest.raises(InvalidRequest, match="packed_gemv: no C compiler"):
+        ModelRunner.recompute(load_model(checkpoint), RunnerOptions(packed_gemv=True))
+
+
+@pytest.mark.spec("ENG-117", "ENG-110")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_kernel_generates_the_tokens_of_onednn(tmp_path: Path, dtype: str) -> None:
+    """Greedy tokens with and without the kernel are the same, token for token (bfloat16:
+    GLD-016's tolerance, and these prompts' margins are far above one step)."""
+    path = build_tiny_checkpoint(PRESETS["untied-gqa4-wide"], tmp_path / dtype, dtype=dtype)
+
+    def run(gemv: bool) -> list[list[int]]:
+        runner = paged_runner(path, RunnerOptions(packed_gemv=gemv), dtype=dtype)
+        assert has_packed_gemv(runner.model) == gemv
+        return generate(runner)
+
+    if not has_packed_gemv(paged_runner(path, dtype=dtype).model):
+        pytest.skip(f"oneDNN packs the tiny model's {dtype} weights in another layout here")
+    assert run(True) == run(False)
