@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from test_fused_norms import Counted
 from test_runner_options import generate, paged_runner
 
 from pagedkv.engine.runner import ModelRunner
@@ -40,18 +40,6 @@ def _two_torch_threads() -> Iterator[None]:
 
 def layout_of(dtype: torch.dtype) -> BlockedLayout:
     return next(layout for layout in LAYOUTS if layout.dtype == dtype)
-
-
-class Counted:
-    """A kernel entry point that counts its calls."""
-
-    def __init__(self, entry: Callable[..., int]) -> None:
-        self.entry = entry
-        self.calls = 0
-
-    def __call__(self, *args: Any) -> int:
-        self.calls += 1
-        return self.entry(*args)
 
 
 #: The kernel as built for this CPU, and built as for a CPU without a bfloat16 dot product.
