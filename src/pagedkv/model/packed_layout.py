@@ -100,5 +100,5 @@ def read_layout(weight: torch.Tensor, packed: torch.Tensor) -> PackedWeight | No
             continue
         expected = layout.pack(weight).view(torch.uint8).reshape(-1)
         if expected.numel() == found.numel() and torch.equal(expected, found):
-            return PackedWeight(layout, int(torch.ops.mkldnn.data_ptr(packed)))
+            return PackedWeight(layout, found.data_ptr())
     return None
