@@ -30,6 +30,20 @@ static inline float exp_nonpositive(float x) {
     return p * scale.value;
 }
 
+/* How many positions ahead a pair asks for its next key and value rows. A head's row is a
+ * few cache lines at a slot-sized stride, reached through the slot index, which the hardware
+ * prefetcher cannot follow: read on demand, each row waits for memory. Measured on a two-core
+ * Xeon (AVX-512, torch 2.13), 32 sequences of 150 positions with Qwen3-0.6B's heads in a pool
+ * larger than the cache: bfloat16 8.5 ms without, 3.5 / 2.7 / 3.1 ms with 4 / 8 / 16 ahead;
+ * float32 9.6 ms, 5.0 / 3.5 / 4.5 ms. */
+#define AHEAD 8
+
+/* Ask for the `bytes` bytes at `row` to be brought into the cache. */
+static inline void prefetch_row(const void *row, int64_t bytes) {
+    for (int64_t offset = 0; offset < bytes; offset += 64)
+        __builtin_prefetch((const char *)row + offset, 0, 3);
+}
+
 /* A row of `dim` float32 values: the row itself. */
 static inline const float *row_float32(const float *row, float *buffer, int64_t dim) {
     (void)buffer;
@@ -55,6 +69,8 @@ static inline const float *row_bfloat16(const uint16_t *row, float *buffer, int6
         const T *keys = key_pool, *values = value_pool;                                     \
         float *scores = scratch, *acc = scratch + group * len, *row = acc + group * dim;    \
         for (int64_t p = 0; p < len; ++p) {                                                 \
+            if (p + AHEAD < len)                                                            \
+                prefetch_row(keys + (index[p + AHEAD] * kv_heads + h) * dim, dim * sizeof(T)); \
             const float *k = ROW(keys + (index[p] * kv_heads + h) * dim, row, dim);         \
             for (int64_t g = 0; g < group; ++g) {                                           \
                 const float *q = query + g * dim;                                           \
@@ -76,6 +92,8 @@ static inline const float *row_bfloat16(const uint16_t *row, float *buffer, int6
         }                                                                                   \
         memset(acc, 0, sizeof(float) * (size_t)(group * dim));                              \
         for (int64_t p = 0; p < len; ++p) {                                                 \
+            if (p + AHEAD < len)                                                            \
+                prefetch_row(values + (index[p + AHEAD] * kv_heads + h) * dim, dim * sizeof(T)); \
             const float *v = ROW(values + (index[p] * kv_heads + h) * dim, row, dim);       \
             for (int64_t g = 0; g < group; ++g) {                                           \
                 float w = scores[g * len + p], *a = acc + g * dim;                          \
