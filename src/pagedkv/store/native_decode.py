@@ -15,10 +15,9 @@ model's heads (4 and 2, 64 channels): 0.26-0.30, 0.32 and 0.11-0.13 ms; one sequ
 faster here too, so groups of any size use it.
 
 Those figures were taken with a pool that fits the cache. In a model's pool, larger than the
-cache and read through the slot index, every row waited for memory until the kernel asked for
-rows a few positions ahead (``AHEAD`` in the source): on a two-core Xeon, 32 sequences of 150
-positions, bfloat16 8.5 ms before and 2.7-3.3 ms after, float32 9.6 and 3.5-4.0 ms; the
-benchmark's 32 bfloat16 requests went from 41 to 57 generated tokens per second.
+cache, the kernel asks for rows a few positions ahead (``AHEAD`` in the source, with its
+measurements); on a two-core Xeon that took the benchmark's 32 bfloat16 requests from 41 to 57
+generated tokens per second.
 
 The library is built on first use by :mod:`pagedkv.native.build` (once per source, compiler
 and CPU, with ``-O3 -march=native``); where it cannot be built, :meth:`NativeDecode.build`
