@@ -3,6 +3,7 @@ PST-009)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -150,29 +151,35 @@ def test_a_built_library_is_reused_and_named_by_its_source(tmp_path: Path) -> No
     assert build_library(native_decode.SOURCE, tmp_path, ("-O2",)) not in (first, other)
 
 
-@pytest.mark.spec("PST-009", "PST-013")
+@pytest.mark.spec("PST-009", "PST-013", "PST-041")
+@pytest.mark.parametrize("head_dim", [16, 24, 80, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_c_kernel_reads_only_each_context(dtype: torch.dtype) -> None:
-    """One sequence and a padded group over a pool whose every slot past the contexts is
-    NaN: the float64 dense result of the positions below each context."""
+def test_the_c_kernel_reads_only_each_context(dtype: torch.dtype, head_dim: int) -> None:
+    """One, two and six sequences (so, at one thread, tasks of one, two and all four KV heads)
+    over a pool whose every slot past the contexts is NaN: the float64 dense result of the
+    positions below each context. Head dimensions 16, 80 and 128 take the AVX-512 code where
+    the CPU has it (80 ends on a 16-lane remainder), 24 the portable loops."""
     kernel = NativeDecode.build(dtype)
     assert isinstance(kernel, NativeDecode)
     generator = torch.Generator().manual_seed(0)
-    keys = torch.randn(96, 2, HEAD_DIM, generator=generator).to(dtype)
-    values = torch.randn(96, 2, HEAD_DIM, generator=generator).to(dtype)
-    lengths = torch.tensor([7, 30, 19])
-    kv_index = torch.randperm(96, generator=generator)[:90].view(3, 30)
+    keys = torch.randn(256, 4, head_dim, generator=generator).to(dtype)
+    values = torch.randn(256, 4, head_dim, generator=generator).to(dtype)
+    lengths = torch.tensor([7, 30, 19, 1, 16, 25])
+    kv_index = torch.randperm(256, generator=generator)[:180].view(6, 30)
     for b, length in enumerate(lengths.tolist()):
         keys[kv_index[b, length:]] = float("nan")  # stale slots past the context
-    query = torch.randn(3, 4, HEAD_DIM, generator=generator).to(dtype)
-    for seqs in ([0], [0, 1, 2]):
-        got = kernel(query[seqs], keys, values, kv_index[seqs], lengths[seqs], 0.3)
+        values[kv_index[b, length:]] = float("nan")
+    query = torch.randn(6, 8, head_dim, generator=generator).to(dtype)
+    # At scale 40 the scores spread over hundreds, so a softmax shifted by less than the row's
+    # largest score overflows.
+    for seqs, scale in itertools.product(([0], [0, 1], [0, 1, 2, 3, 4, 5]), (0.3, 40.0)):
+        got = kernel(query[seqs], keys, values, kv_index[seqs], lengths[seqs], scale)
         for row, b in enumerate(seqs):
             slots = kv_index[b, : int(lengths[b])]
             k = keys[slots].double().repeat_interleave(2, dim=1).transpose(0, 1)
             v = values[slots].double().repeat_interleave(2, dim=1).transpose(0, 1)
-            weights = torch.softmax(query[b].double()[:, None, :] @ k.transpose(1, 2) * 0.3, -1)
-            want = (weights @ v)[:, 0]
+            scores = query[b].double()[:, None, :] @ k.transpose(1, 2) * scale
+            want = (torch.softmax(scores, -1) @ v)[:, 0]
             tolerance = 1e-5 if dtype == torch.float32 else 1e-2
             torch.testing.assert_close(got[row].double(), want, atol=tolerance, rtol=0)
 

@@ -2,9 +2,11 @@
 
 The kernel (``native/paged_decode.c``) takes one query row per sequence and each sequence's
 slots, and reads every key and value row once where it lies in the pool, in its own dtype
-(float32 or bfloat16), converting to float32 in a row buffer; positions past a sequence's
-context are never read. Its work is shared over torch's own OpenMP threads (see
-:mod:`pagedkv.native.build`), at ``torch.get_num_threads()`` threads.
+(float32 or bfloat16), converting to float32 as it goes; positions past a sequence's context
+are never read. Its work is shared over torch's own OpenMP threads (see
+:mod:`pagedkv.native.build`), at ``torch.get_num_threads()`` threads, a task per sequence
+(per part of its KV heads where sequences are few). Where the CPU has AVX-512 and the head
+dimension is a multiple of 16 it runs 16-lane code, else portable loops (PST-041).
 
 Measured against the other two paths on one two-core AMD EPYC (torch 2.13, 2 threads), one
 layer's decode attention, 32 sequences of up to 150 positions with Qwen3-0.6B's heads (16
@@ -14,10 +16,12 @@ bfloat16 8.2-8.9, 3.2-3.4 and 2.4 ms. Four sequences of up to 450 positions with
 model's heads (4 and 2, 64 channels): 0.26-0.30, 0.32 and 0.11-0.13 ms; one sequence is
 faster here too, so groups of any size use it.
 
-Those figures were taken with a pool that fits the cache. In a model's pool, larger than the
-cache, the kernel asks for rows a few positions ahead (``AHEAD`` in the source, with its
-measurements); on a two-core Xeon that took the benchmark's 32 bfloat16 requests from 41 to 57
-generated tokens per second.
+Those figures were taken with a pool that fits the cache, before the 16-lane code. In a
+model's pool, larger than the cache, the kernel asks for rows a few positions ahead (``AHEAD``
+in the source, with its measurements); on a two-core Xeon that took the benchmark's 32
+bfloat16 requests from 41 to 57 generated tokens per second. The 16-lane code and the task per
+sequence then took one layer's bfloat16 decode of 32 sequences to about the machine's read
+rate (PST-041's rationale).
 
 The library is built on first use by :mod:`pagedkv.native.build` (once per source, compiler
 and CPU, with ``-O3 -march=native``); where it cannot be built, :meth:`NativeDecode.build`

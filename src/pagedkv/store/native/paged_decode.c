@@ -1,12 +1,12 @@
 /* Paged decode attention: one query row per sequence over its positions where they lie in
  * the pool (see pagedkv/store/native_decode.py, which builds and calls this file).
  *
- * For each (sequence, KV head) pair, on the OpenMP threads of the calling process (torch's
- * own runtime, which it loaded first under the same name): the scores of the head's query
- * group against each of the sequence's first `lengths[b]` positions (keys at the slots
- * `kv_index[b, p]`), a softmax in float32, and the weighted sum of the values. Positions at or
- * past `lengths[b]` are never read, so stale slots cannot reach the result. Every key and
- * value row is read once, in its own dtype, and converted to float32 in a row buffer.
+ * For each sequence, on the OpenMP threads of the calling process (torch's own runtime, which
+ * it loaded first under the same name): the scores of each query head against each of the
+ * sequence's first `lengths[b]` positions (keys at the slots `kv_index[b, p]`), a softmax in
+ * float32, and the weighted sum of the values. Positions at or past `lengths[b]` are never
+ * read, so stale slots cannot reach the result. Every key and value row is read once, in its
+ * own dtype, and converted to float32 as it is used.
  *
  * Shapes (row-major, contiguous): query [n, heads, dim] float32; keys and values
  * [slots, kv_heads, dim] of the pool's dtype; kv_index [n, width] int64; lengths [n] int64,
@@ -30,12 +30,12 @@ static inline float exp_nonpositive(float x) {
     return p * scale.value;
 }
 
-/* How many positions ahead a pair asks for its next key and value rows. A head's row is a
- * few cache lines at a slot-sized stride, reached through the slot index, which the hardware
- * prefetcher cannot follow: read on demand, each row waits for memory. Measured on a two-core
- * Xeon (AVX-512, torch 2.13), 32 sequences of 150 positions with Qwen3-0.6B's heads in a pool
- * larger than the cache: bfloat16 8.5 ms without, 3.5 / 2.7 / 3.1 ms with 4 / 8 / 16 ahead;
- * float32 9.6 ms, 5.0 / 3.5 / 4.5 ms. */
+/* How many positions ahead a task asks for its next key and value rows. Rows are reached
+ * through the slot index, which the hardware prefetcher cannot follow: read on demand, each
+ * waits for memory. Measured on a two-core Xeon (AVX-512, torch 2.13), 32 sequences of 150
+ * positions with Qwen3-0.6B's heads in a pool larger than the cache, one (sequence, KV head)
+ * pair per task: bfloat16 8.5 ms without, 3.5 / 2.7 / 3.1 ms with 4 / 8 / 16 ahead; float32
+ * 9.6 ms, 5.0 / 3.5 / 4.5 ms. */
 #define AHEAD 8
 
 /* Ask for the `bytes` bytes at `row` to be brought into the cache. */
@@ -44,15 +44,17 @@ static inline void prefetch_row(const void *row, int64_t bytes) {
         __builtin_prefetch((const char *)row + offset, 0, 3);
 }
 
-/* A row of `dim` float32 values: the row itself. */
+/* Portable loops, for any head dimension on any CPU: q . key, acc += w * value over `dim`
+ * values (`buffer` holds `dim` floats for a converted row), and a row of scores turned into
+ * its softmax in place. */
+
 static inline const float *row_float32(const float *row, float *buffer, int64_t dim) {
     (void)buffer;
     (void)dim;
     return row;
 }
 
-/* A row of `dim` bfloat16 values converted into `buffer`: a bfloat16 is the top half of a
- * float32. */
+/* A bfloat16 is the top half of a float32. */
 static inline const float *row_bfloat16(const uint16_t *row, float *buffer, int64_t dim) {
     union bits32 { uint32_t bits; float value; } *out = (union bits32 *)buffer;
 #pragma omp simd
@@ -60,71 +62,186 @@ static inline const float *row_bfloat16(const uint16_t *row, float *buffer, int6
     return buffer;
 }
 
-/* One (sequence, KV head) pair; `scratch` holds group * (len + dim) + dim floats. */
-#define DEFINE_PAIR(NAME, T, ROW)                                                            \
+#define DEFINE_PORTABLE(SUFFIX, T)                                                           \
+    static inline float dot_##SUFFIX(const float *q, const T *key, float *buffer,            \
+                                     int64_t dim) {                                         \
+        const float *k = row_##SUFFIX(key, buffer, dim);                                    \
+        float s = 0.0f;                                                                     \
+        _Pragma("omp simd reduction(+ : s)") for (int64_t d = 0; d < dim; ++d) s += q[d] * k[d]; \
+        return s;                                                                           \
+    }                                                                                       \
+    static inline void axpy_##SUFFIX(float *acc, float w, const T *value, float *buffer,    \
+                                     int64_t dim) {                                         \
+        const float *v = row_##SUFFIX(value, buffer, dim);                                  \
+        _Pragma("omp simd") for (int64_t d = 0; d < dim; ++d) acc[d] += w * v[d];           \
+    }
+DEFINE_PORTABLE(float32, float)
+DEFINE_PORTABLE(bfloat16, uint16_t)
+
+static inline void softmax(float *s, int64_t len) {
+    float top = s[0], total = 0.0f;
+    for (int64_t p = 1; p < len; ++p) top = s[p] > top ? s[p] : top;
+#pragma omp simd reduction(+ : total)
+    for (int64_t p = 0; p < len; ++p) {
+        s[p] = exp_nonpositive(s[p] - top);
+        total += s[p];
+    }
+    float inverse = 1.0f / total;
+#pragma omp simd
+    for (int64_t p = 0; p < len; ++p) s[p] *= inverse;
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* The same three with AVX-512, the dot product and the sum for head dimensions that are a
+ * multiple of 16. The compiler's own reduction above keeps one accumulator, so each dot
+ * product waits on a chain of dependent multiply-adds, then sums its lanes through memory,
+ * and it leaves exp_nonpositive scalar; here four accumulators run side by side, lanes are
+ * summed in registers, rows are converted as they are loaded, and exp runs 16 lanes wide. */
+
+static inline __m512 load16_float32(const float *row) { return _mm512_loadu_ps(row); }
+
+static inline __m512 load16_bfloat16(const uint16_t *row) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)row));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+#define DEFINE_VECTOR(SUFFIX, T)                                                             \
+    static inline float dot16_##SUFFIX(const float *q, const T *key, float *buffer,          \
+                                       int64_t dim) {                                       \
+        (void)buffer;                                                                       \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                         \
+        int64_t d = 0;                                                                      \
+        for (; d + 64 <= dim; d += 64) {                                                    \
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16_##SUFFIX(key + d), a0);     \
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d + 16), load16_##SUFFIX(key + d + 16), a1); \
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d + 32), load16_##SUFFIX(key + d + 32), a2); \
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d + 48), load16_##SUFFIX(key + d + 48), a3); \
+        }                                                                                   \
+        for (; d < dim; d += 16)                                                            \
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16_##SUFFIX(key + d), a0);     \
+        return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); \
+    }                                                                                       \
+    static inline void axpy16_##SUFFIX(float *acc, float w, const T *value, float *buffer,  \
+                                       int64_t dim) {                                       \
+        (void)buffer;                                                                       \
+        __m512 weight = _mm512_set1_ps(w);                                                  \
+        for (int64_t d = 0; d < dim; d += 16)                                               \
+            _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(weight, load16_##SUFFIX(value + d),   \
+                                                      _mm512_loadu_ps(acc + d)));           \
+    }
+DEFINE_VECTOR(float32, float)
+DEFINE_VECTOR(bfloat16, uint16_t)
+
+/* exp_nonpositive, 16 lanes at once (the same steps, so the same values). */
+static inline __m512 exp16_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __m512i n = _mm512_cvttps_epi32(_mm512_sub_ps(y, _mm512_set1_ps(0.5f)));
+    __m512 f = _mm512_mul_ps(_mm512_sub_ps(y, _mm512_cvtepi32_ps(n)),
+                             _mm512_set1_ps(0.693147180559945309f));
+    __m512 p = _mm512_set1_ps(1.0f / 40320);
+    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 5040));
+    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 2));
+    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+static inline void softmax16(float *s, int64_t len) {
+    __m512 top = _mm512_set1_ps(s[0]);
+    int64_t p = 0;
+    for (; p + 16 <= len; p += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + p));
+    float most = _mm512_reduce_max_ps(top);
+    for (; p < len; ++p) most = s[p] > most ? s[p] : most;
+    __m512 shift = _mm512_set1_ps(most), sum = _mm512_setzero_ps();
+    for (p = 0; p + 16 <= len; p += 16) {
+        __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + p), shift));
+        _mm512_storeu_ps(s + p, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    float total = _mm512_reduce_add_ps(sum);
+    for (; p < len; ++p) {
+        s[p] = exp_nonpositive(s[p] - most);
+        total += s[p];
+    }
+    __m512 inverse = _mm512_set1_ps(1.0f / total);
+    for (p = 0; p + 16 <= len; p += 16)
+        _mm512_storeu_ps(s + p, _mm512_mul_ps(_mm512_loadu_ps(s + p), inverse));
+    for (; p < len; ++p) s[p] *= 1.0f / total;
+}
+#endif
+
+/* One task: KV heads h0 .. h0 + span - 1 of one sequence. The span's rows of one slot lie side
+ * by side, and a page's slots one after another, so a task reads runs of `span * dim` values
+ * rather than single rows a slot apart. `query` and `out` point at the span's first query
+ * head; `scratch` holds span * group * (len + dim) + dim floats. */
+#define DEFINE_TASK(NAME, T, DOT, AXPY, SOFTMAX)                                             \
     static void NAME(const float *query, const void *key_pool, const void *value_pool,      \
-                     const int64_t *index, int64_t len, float *out, int64_t h,              \
-                     int64_t kv_heads, int64_t group, int64_t dim, float scale,             \
-                     float *scratch) {                                                      \
+                     const int64_t *index, int64_t len, float *out, int64_t h0,             \
+                     int64_t span, int64_t kv_heads, int64_t group, int64_t dim,            \
+                     float scale, float *scratch) {                                         \
         const T *keys = key_pool, *values = value_pool;                                     \
-        float *scores = scratch, *acc = scratch + group * len, *row = acc + group * dim;    \
+        int64_t rows = span * group, bytes = span * dim * (int64_t)sizeof(T);               \
+        float *scores = scratch, *acc = scratch + rows * len, *buffer = acc + rows * dim;   \
         for (int64_t p = 0; p < len; ++p) {                                                 \
             if (p + AHEAD < len)                                                            \
-                prefetch_row(keys + (index[p + AHEAD] * kv_heads + h) * dim, dim * sizeof(T)); \
-            const float *k = ROW(keys + (index[p] * kv_heads + h) * dim, row, dim);         \
-            for (int64_t g = 0; g < group; ++g) {                                           \
-                const float *q = query + g * dim;                                           \
-                float s = 0.0f;                                                             \
-                _Pragma("omp simd reduction(+ : s)") for (int64_t d = 0; d < dim; ++d)      \
-                    s += q[d] * k[d];                                                       \
-                scores[g * len + p] = s * scale;                                            \
-            }                                                                               \
+                prefetch_row(keys + (index[p + AHEAD] * kv_heads + h0) * dim, bytes);       \
+            const T *k = keys + (index[p] * kv_heads + h0) * dim;                           \
+            for (int64_t r = 0; r < rows; ++r)                                              \
+                scores[r * len + p] = DOT(query + r * dim, k + r / group * dim, buffer, dim) * scale; \
         }                                                                                   \
-        for (int64_t g = 0; g < group; ++g) {                                               \
-            float *s = scores + g * len, top = s[0], total = 0.0f;                          \
-            for (int64_t p = 1; p < len; ++p) top = s[p] > top ? s[p] : top;                \
-            _Pragma("omp simd reduction(+ : total)") for (int64_t p = 0; p < len; ++p) {    \
-                s[p] = exp_nonpositive(s[p] - top);                                         \
-                total += s[p];                                                              \
-            }                                                                               \
-            float inverse = 1.0f / total;                                                   \
-            _Pragma("omp simd") for (int64_t p = 0; p < len; ++p) s[p] *= inverse;          \
-        }                                                                                   \
-        memset(acc, 0, sizeof(float) * (size_t)(group * dim));                              \
+        for (int64_t r = 0; r < rows; ++r) SOFTMAX(scores + r * len, len);                  \
+        memset(acc, 0, sizeof(float) * (size_t)(rows * dim));                               \
         for (int64_t p = 0; p < len; ++p) {                                                 \
             if (p + AHEAD < len)                                                            \
-                prefetch_row(values + (index[p + AHEAD] * kv_heads + h) * dim, dim * sizeof(T)); \
-            const float *v = ROW(values + (index[p] * kv_heads + h) * dim, row, dim);       \
-            for (int64_t g = 0; g < group; ++g) {                                           \
-                float w = scores[g * len + p], *a = acc + g * dim;                          \
-                _Pragma("omp simd") for (int64_t d = 0; d < dim; ++d) a[d] += w * v[d];     \
-            }                                                                               \
+                prefetch_row(values + (index[p + AHEAD] * kv_heads + h0) * dim, bytes);     \
+            const T *v = values + (index[p] * kv_heads + h0) * dim;                         \
+            for (int64_t r = 0; r < rows; ++r)                                              \
+                AXPY(acc + r * dim, scores[r * len + p], v + r / group * dim, buffer, dim); \
         }                                                                                   \
-        memcpy(out, acc, sizeof(float) * (size_t)(group * dim));                            \
+        memcpy(out, acc, sizeof(float) * (size_t)(rows * dim));                             \
     }
 
-typedef void (*pair_fn)(const float *, const void *, const void *, const int64_t *, int64_t,
-                        float *, int64_t, int64_t, int64_t, int64_t, float, float *);
+typedef void (*task_fn)(const float *, const void *, const void *, const int64_t *, int64_t,
+                        float *, int64_t, int64_t, int64_t, int64_t, int64_t, float, float *);
 
-/* The whole group: its pairs shared out over `threads` threads; returns 0, or 1 if a scratch
- * buffer could not be allocated (then `out` is incomplete). */
-static int decode(pair_fn pair, const float *query, const void *keys, const void *values,
+DEFINE_TASK(task_float32, float, dot_float32, axpy_float32, softmax)
+DEFINE_TASK(task_bfloat16, uint16_t, dot_bfloat16, axpy_bfloat16, softmax)
+#if defined(__AVX512F__)
+DEFINE_TASK(task16_float32, float, dot16_float32, axpy16_float32, softmax16)
+DEFINE_TASK(task16_bfloat16, uint16_t, dot16_bfloat16, axpy16_bfloat16, softmax16)
+#endif
+
+/* The whole group, shared out over `threads` threads as tasks of `span` KV heads: all of a
+ * sequence's heads where there are sequences enough to keep every thread busy (four tasks
+ * per thread), fewer where not. Returns 0, or 1 if a scratch buffer could not be allocated
+ * (then `out` is incomplete). */
+static int decode(task_fn task, const float *query, const void *keys, const void *values,
                   const int64_t *kv_index, const int64_t *lengths, float *out,
                   int64_t num_seqs, int64_t width, int64_t heads, int64_t kv_heads,
                   int64_t dim, float scale, int threads) {
-    int64_t group = heads / kv_heads;
+    int64_t group = heads / kv_heads, span = kv_heads;
+    while (span % 2 == 0 && num_seqs * (kv_heads / span) < 4 * (int64_t)threads) span /= 2;
+    int64_t parts = kv_heads / span;
     int failed = 0;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(threads) reduction(| : failed)
     for (int64_t b = 0; b < num_seqs; ++b) {
-        for (int64_t h = 0; h < kv_heads; ++h) {
-            int64_t len = lengths[b];
-            float *scratch = malloc(sizeof(float) * (size_t)(group * (len + dim) + dim));
+        for (int64_t part = 0; part < parts; ++part) {
+            int64_t len = lengths[b], h0 = part * span;
+            float *scratch = malloc(sizeof(float) * (size_t)(span * group * (len + dim) + dim));
             if (scratch == NULL) {
                 failed = 1;
                 continue;
             }
-            int64_t first = (b * heads + h * group) * dim;
-            pair(query + first, keys, values, kv_index + b * width, len, out + first, h,
+            int64_t first = (b * heads + h0 * group) * dim;
+            task(query + first, keys, values, kv_index + b * width, len, out + first, h0, span,
                  kv_heads, group, dim, scale, scratch);
             free(scratch);
         }
@@ -132,14 +249,15 @@ static int decode(pair_fn pair, const float *query, const void *keys, const void
     return failed;
 }
 
-DEFINE_PAIR(pair_float32, float, row_float32)
-DEFINE_PAIR(pair_bfloat16, uint16_t, row_bfloat16)
-
 /* The entry point: `bfloat16` nonzero for a bfloat16 pool, zero for a float32 one. */
 int paged_decode(int bfloat16, const float *query, const void *keys, const void *values,
                  const int64_t *kv_index, const int64_t *lengths, float *out, int64_t num_seqs,
                  int64_t width, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
                  int threads) {
-    return decode(bfloat16 ? pair_bfloat16 : pair_float32, query, keys, values, kv_index,
-                  lengths, out, num_seqs, width, heads, kv_heads, dim, scale, threads);
+    task_fn task = bfloat16 ? task_bfloat16 : task_float32;
+#if defined(__AVX512F__)
+    if (dim % 16 == 0) task = bfloat16 ? task16_bfloat16 : task16_float32;
+#endif
+    return decode(task, query, keys, values, kv_index, lengths, out, num_seqs, width, heads,
+                  kv_heads, dim, scale, threads);
 }
