@@ -15,7 +15,13 @@ from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
 from pagedkv.model.layers import Linear, onednn_linear
 from pagedkv.model.loader import load_model
-from pagedkv.model.packed_gemv import MAX_ROWS, PackedGemv, has_packed_gemv, use_packed_gemv
+from pagedkv.model.packed_gemv import (
+    AMX_ROWS,
+    MAX_ROWS,
+    PackedGemv,
+    has_packed_gemv,
+    use_packed_gemv,
+)
 from pagedkv.model.packed_layout import (
     LAYOUTS,
     BlockedLayout,
@@ -46,11 +52,17 @@ def layout_of(dtype: torch.dtype) -> BlockedLayout:
 BUILDS = [(), ("-DPAGEDKV_PORTABLE",)]
 
 
-def counted_kernel(flags: tuple[str, ...] = ()) -> tuple[PackedGemv, dict[torch.dtype, Counted]]:
+def counted_kernel(
+    flags: tuple[str, ...] = (),
+) -> tuple[PackedGemv, dict[torch.dtype | str, Counted]]:
     kernel = PackedGemv.build(extra_flags=flags)
     assert isinstance(kernel, PackedGemv), kernel
-    counts = {dtype: Counted(entry) for dtype, entry in kernel._entries.items()}
-    kernel._entries = dict(counts)
+    counts: dict[torch.dtype | str, Counted] = {
+        dtype: Counted(entry) for dtype, entry in kernel._entries.items()
+    }
+    kernel._entries = {dtype: counts[dtype] for dtype in kernel._entries}
+    if kernel._amx is not None:
+        counts["amx"] = kernel._amx = Counted(kernel._amx)
     return kernel, counts
 
 
@@ -102,6 +114,85 @@ def test_the_kernel_computes_the_product_in_each_layout(
     assert counts[dtype].calls == 2 * MAX_ROWS + 1
 
 
+def amx_kernel() -> tuple[PackedGemv, dict[torch.dtype | str, Counted]]:
+    kernel, counts = counted_kernel()
+    if kernel._amx is None:
+        pytest.skip("this CPU (or Linux) gives the process no AMX tiles")
+    return kernel, counts
+
+
+@pytest.mark.spec("ENG-118")
+@pytest.mark.parametrize("shape", [*SHAPES, (1024, 1024)])
+def test_the_amx_kernel_computes_bfloat16_products_of_5_to_32_rows(shape: tuple[int, int]) -> None:
+    """Every row count from 5 to 32 (one and two row tiles, each partly filled), rows further
+    apart than their width, a leading batch dimension, with and without a bias: within one
+    bfloat16 step of the exact product."""
+    generator = torch.Generator().manual_seed(sum(shape))
+    out_features, in_features = shape
+    weight = torch.randn(shape, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(out_features, generator=generator).to(torch.bfloat16)
+    layout = layout_of(torch.bfloat16)
+    packed = layout.pack(weight)
+    blocked = PackedWeight(layout, packed.data_ptr())
+    kernel, counts = amx_kernel()
+    assert kernel.max_rows(torch.bfloat16) == AMX_ROWS
+    assert kernel.max_rows(torch.float32) == MAX_ROWS
+    for rows in range(MAX_ROWS + 1, AMX_ROWS + 1):
+        wide = torch.randn(rows, in_features + 3, generator=generator).to(torch.bfloat16)
+        wide[:, in_features:] = float("nan")  # never read: NaN times a zero pad is NaN
+        x = wide[:, :in_features]
+        for with_bias in (None, bias):
+            assert kernel.takes(x, blocked, with_bias)
+            got = kernel.product(x, blocked, out_features, with_bias)
+            exact = x.double() @ weight.double().T
+            if with_bias is not None:
+                exact += with_bias.double()
+            assert got.shape == (rows, out_features)
+            assert within_one_step(got, exact), (rows, with_bias is None)
+    batched = torch.randn(3, 7, in_features, generator=generator).to(torch.bfloat16)
+    got = kernel.product(batched, blocked, out_features, None)
+    assert got.shape == (3, 7, out_features)
+    assert within_one_step(got, batched.double() @ weight.double().T)
+    assert counts["amx"].calls == 2 * (AMX_ROWS - MAX_ROWS) + 1
+    assert counts[torch.bfloat16].calls == 0
+
+
+@pytest.mark.spec("ENG-118")
+def test_the_amx_kernel_rounds_once_to_nearest_even() -> None:
+    """Rows that pick one input each make every output a weight plus the bias, exact in
+    float32; with weights 1 + k/128 and a bias of +-1/256 every sum lies halfway between two
+    bfloat16 values, so the output is torch's own rounding of the float32 sum only if ties go
+    to even."""
+    generator = torch.Generator().manual_seed(3)
+    out_features, in_features = 40, 24
+    steps = torch.randint(0, 128, (out_features, in_features), generator=generator)
+    weight = (1 + steps / 128).to(torch.bfloat16)
+    signs = torch.randint(0, 2, (out_features,), generator=generator) * 2 - 1
+    bias = (signs / 256).to(torch.bfloat16)
+    layout = layout_of(torch.bfloat16)
+    packed = layout.pack(weight)
+    kernel, _ = amx_kernel()
+    x = torch.eye(in_features, dtype=torch.bfloat16)[:AMX_ROWS]
+    got = kernel.product(x, PackedWeight(layout, packed.data_ptr()), out_features, bias)
+    want = (weight.T.float() + bias.float()).to(torch.bfloat16)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.spec("ENG-118")
+def test_without_amx_more_than_four_rows_stay_with_onednn() -> None:
+    """Built portable, the AMX kernel reports no tiles: bfloat16 products of 5 rows are not
+    taken, and one sent anyway is refused rather than computed by another kernel."""
+    layout = layout_of(torch.bfloat16)
+    blocked = PackedWeight(layout, layout.pack(torch.randn(64, 32).to(torch.bfloat16)).data_ptr())
+    kernel, _ = counted_kernel(("-DPAGEDKV_PORTABLE",))
+    assert kernel._amx is None
+    assert kernel.max_rows(torch.bfloat16) == MAX_ROWS
+    five = torch.randn(MAX_ROWS + 1, 32).to(torch.bfloat16)
+    assert not kernel.takes(five, blocked, None)
+    with pytest.raises(ValueError, match=f"1 to {MAX_ROWS} rows, not {MAX_ROWS + 1}"):
+        kernel.product(five, blocked, 64, None)
+
+
 @pytest.mark.spec("ENG-117")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_kernel_takes_only_what_it_computes(dtype: torch.dtype) -> None:
@@ -110,14 +201,15 @@ def test_the_kernel_takes_only_what_it_computes(dtype: torch.dtype) -> None:
     packed = layout.pack(weight)
     blocked = PackedWeight(layout, packed.data_ptr())
     kernel, _ = counted_kernel()
+    most = kernel.max_rows(dtype)
     other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
-    assert kernel.takes(torch.randn(MAX_ROWS, 32).to(dtype), blocked, None)
-    assert not kernel.takes(torch.randn(MAX_ROWS + 1, 32).to(dtype), blocked, None)
+    assert kernel.takes(torch.randn(most, 32).to(dtype), blocked, None)
+    assert not kernel.takes(torch.randn(most + 1, 32).to(dtype), blocked, None)
     assert not kernel.takes(torch.randn(1, 32).to(other), blocked, None)
     assert not kernel.takes(torch.randn(1, 64).to(dtype)[:, ::2], blocked, None)
     assert not kernel.takes(torch.randn(1, 32).to(dtype), blocked, torch.randn(64).to(other))
-    with pytest.raises(ValueError, match=f"1 to {MAX_ROWS} rows, not {MAX_ROWS + 1}"):
-        kernel.product(torch.randn(MAX_ROWS + 1, 32).to(dtype), blocked, 64, None)
+    with pytest.raises(ValueError, match=f"1 to {most} rows, not {most + 1}"):
+        kernel.product(torch.randn(most + 1, 32).to(dtype), blocked, 64, None)
 
 
 def packed_linear(shape: tuple[int, int], dtype: torch.dtype) -> tuple[Linear, torch.Tensor]:
@@ -159,17 +251,20 @@ def test_a_packed_layer_runs_few_rows_through_the_kernel_and_more_through_onednn
     assert layer.packed is not None
     assert layer.bias is not None
     kernel, counts = counted_kernel()
+    most = kernel.max_rows(dtype)
     assert use_packed_gemv(layer, kernel) == 1
     assert has_packed_gemv(layer)
-    for rows in range(1, MAX_ROWS + 2):
+    for rows in range(1, most + 2):
         x = torch.randn(rows, 96).to(dtype)
         got = layer(x)
-        if rows <= MAX_ROWS:
+        if rows <= most:
             exact = x.double() @ weight.double().T + layer.bias.double()
             assert within_one_step(got, exact)
         else:
             assert torch.equal(got, onednn_linear(x, layer.packed, layer.bias))
     assert counts[dtype].calls == MAX_ROWS
+    if kernel._amx is not None:
+        assert counts["amx"].calls == (most - MAX_ROWS if dtype == torch.bfloat16 else 0)
     assert use_packed_gemv(layer, None) == 0
     assert not has_packed_gemv(layer)
 

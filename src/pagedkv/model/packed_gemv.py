@@ -1,5 +1,7 @@
-"""Products of one to four rows with a packed weight, read where oneDNN keeps it, by a small C
-kernel (``native/packed_gemv.c``) built on first use by :mod:`pagedkv.native.build`.
+"""Products of few rows with a packed weight, read where oneDNN keeps it, by small C kernels
+built on first use by :mod:`pagedkv.native.build`: one to four rows by ``native/packed_gemv.c``
+(ENG-117), and bfloat16 products of 5 to 32 rows on the AMX tiles by ``native/amx_gemm.c``
+where the CPU has them (ENG-118).
 
 Why: a decode step of a few sequences multiplies a few rows by every weight of the model, so
 it only streams the weights, and oneDNN's kernel streams them below the memory's rate. Measured
@@ -12,8 +14,17 @@ one read from memory, one row:
 | bfloat16 | 15-18 GB/s     | 25-28 GB/s                |
 
 (two rows: 17 against 23 GB/s in float32, 15 against 22 in bfloat16; four rows: 17 against 18,
-14 against 20). Products of more rows stay with oneDNN, whose blocked kernels reuse each
-weight across the rows.
+14 against 20). With more rows oneDNN's AMX kernel still streams the bfloat16 weight slowly:
+the same weights, one run, machine loaded (both kernels at 10-16 GB/s; a plain sum read
+11.8 GB/s):
+
+| rows | oneDNN's AMX kernel | ``amx_gemm.c`` |
+|------|---------------------|----------------|
+| 8    | 79-92 ms            | 55-63 ms       |
+| 32   | 131-140 ms          | 85-94 ms       |
+
+Products of more rows stay with oneDNN, whose blocked kernels reuse each weight across many
+rows.
 
 The kernel reads the layouts :mod:`pagedkv.model.packed_layout` checks byte for byte; a layer
 whose packed weight is in any other layout keeps oneDNN for every product. It sums in float32
@@ -37,8 +48,14 @@ from pagedkv.native.build import BuildFailure, load_library
 #: The kernel's C source, shipped with the package.
 SOURCE = Path(__file__).with_name("native") / "packed_gemv.c"
 
-#: The most rows a product may have to run here (the C file's MAX_ROWS).
+#: The most rows a product may have to run in ``packed_gemv.c`` (its MAX_ROWS).
 MAX_ROWS = 4
+
+#: The kernel of bfloat16 products of more rows, on the AMX tiles.
+AMX_SOURCE = Path(__file__).with_name("native") / "amx_gemm.c"
+
+#: The most rows a bfloat16 product may have to run in ``amx_gemm.c`` (its MAX_ROWS).
+AMX_ROWS = 32
 
 #: The entry points' argument types: weight, x, x's row stride, bias, out, out's row stride,
 #: rows, out features, in features, threads.
@@ -46,26 +63,44 @@ _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
 _GEMV: list[Any] = [_POINTER, _POINTER, _SIZE, _POINTER, _POINTER, *[_SIZE] * 4, ctypes.c_int]
 
 
-class PackedGemv:
-    """The kernel, for float32 and bfloat16. Build it with :meth:`build`; a product runs here
-    only if :meth:`takes` accepts it (:class:`~pagedkv.model.layers.Linear` asks first)."""
+def _entry(library: ctypes.CDLL, name: str) -> Any:
+    entry = getattr(library, name)
+    entry.argtypes = _GEMV
+    entry.restype = ctypes.c_int
+    return entry
 
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._entries: dict[torch.dtype, Any] = {}
-        for dtype, name in ((torch.float32, "gemv_f32"), (torch.bfloat16, "gemv_bf16")):
-            entry = getattr(library, name)
-            entry.argtypes = _GEMV
-            entry.restype = ctypes.c_int
-            self._entries[dtype] = entry
+
+class PackedGemv:
+    """The kernels, for float32 and bfloat16. Build them with :meth:`build`; a product runs
+    here only if :meth:`takes` accepts it (:class:`~pagedkv.model.layers.Linear` asks first)."""
+
+    def __init__(self, library: ctypes.CDLL, amx: ctypes.CDLL | None = None) -> None:
+        self._entries: dict[torch.dtype, Any] = {
+            dtype: _entry(library, name)
+            for dtype, name in ((torch.float32, "gemv_f32"), (torch.bfloat16, "gemv_bf16"))
+        }
+        #: The AMX entry point, or None where the CPU (or Linux) gives no tiles.
+        self._amx: Any = None
+        if amx is not None and amx.amx_ready() == 1:
+            self._amx = _entry(amx, "amx_gemm_bf16")
 
     @classmethod
     def build(
         cls, folder: Path | None = None, extra_flags: tuple[str, ...] = ()
     ) -> PackedGemv | BuildFailure:
-        """The kernel, built if needed (with ``extra_flags``: ``-DPAGEDKV_PORTABLE`` builds
-        the path of a CPU without a bfloat16 dot product); the reason it cannot be."""
+        """The kernels, built if needed (with ``extra_flags``: ``-DPAGEDKV_PORTABLE`` builds
+        the paths of a CPU without a bfloat16 dot product or AMX); the reason they cannot be.
+        Where only the AMX kernel fails to build, products of more than :data:`MAX_ROWS` rows
+        stay with oneDNN."""
         library = load_library(SOURCE, folder, extra_flags)
-        return library if isinstance(library, BuildFailure) else cls(library)
+        if isinstance(library, BuildFailure):
+            return library
+        amx = load_library(AMX_SOURCE, folder, extra_flags)
+        return cls(library, None if isinstance(amx, BuildFailure) else amx)
+
+    def max_rows(self, dtype: torch.dtype) -> int:
+        """The most rows a product of ``dtype`` may have to run here."""
+        return AMX_ROWS if dtype == torch.bfloat16 and self._amx is not None else MAX_ROWS
 
     def reads(self, weight: PackedWeight | None) -> bool:
         """Whether the kernel reads ``weight``'s layout (``None``: a layout not known)."""
@@ -73,14 +108,14 @@ class PackedGemv:
 
     def takes(self, x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> bool:
         """Whether the product of ``x`` ``[..., in]`` with ``weight`` runs here: at most
-        :data:`MAX_ROWS` rows of the weight's dtype on the CPU, each contiguous, a bias (if
+        :meth:`max_rows` rows of the weight's dtype on the CPU, each contiguous, a bias (if
         any) of that dtype, and not inside ``torch.compile``."""
         dtype = weight.layout.dtype
         return (
             x.dtype == dtype
             and x.device.type == "cpu"
             and x.stride(-1) == 1
-            and x.numel() <= MAX_ROWS * x.shape[-1]
+            and x.numel() <= self.max_rows(dtype) * x.shape[-1]
             and (bias is None or bias.dtype == dtype)
             and not torch.compiler.is_compiling()
         )
@@ -101,8 +136,12 @@ class PackedGemv:
         # Every tensor whose pointer the kernel reads is held by a name until it returns.
         bias = None if bias is None else bias.detach().contiguous()
         out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
+        dtype = weight.layout.dtype
+        most = self.max_rows(dtype)
         if rows.shape[0] > 0:
-            failed = self._entries[weight.layout.dtype](
+            few = rows.shape[0] <= MAX_ROWS
+            entry = self._entries[dtype] if few else self._amx if dtype == torch.bfloat16 else None
+            failed = entry is None or entry(
                 weight.address,
                 rows.data_ptr(),
                 rows.stride(0),
@@ -116,8 +155,8 @@ class PackedGemv:
             )
             if failed:
                 raise ValueError(
-                    f"the packed product takes 1 to {MAX_ROWS} rows, not {rows.shape[0]}, "
-                    "or its scratch could not be allocated"
+                    f"the packed product of {dtype} takes 1 to {most} rows, not "
+                    f"{rows.shape[0]}, or its scratch could not be allocated"
                 )
         return out.reshape(*x.shape[:-1], out_features)
 
