@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -105,11 +106,11 @@ def test_seeds_equal_modulo_two_to_the_64_sample_alike() -> None:
 
 
 class RaisingSampler:
-    """``sample_rows`` that raises for any batch holding a row that ``bad`` picks."""
+    """``sample_batch`` that raises for any batch holding a row that ``bad`` picks."""
 
     def __init__(self, bad: int) -> None:
         self.bad = bad
-        self.inner = engine_module.sample_rows
+        self.inner = engine_module.sample_batch
         self.raised = 0
 
     def picks(self, row: SampleRow) -> bool:
@@ -117,12 +118,12 @@ class RaisingSampler:
         return isinstance(generator, torch.Generator) and generator.initial_seed() == self.bad
 
     def __call__(
-        self, logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int]
+        self, logits: torch.Tensor, rows: Sequence[SampleRow], *rest: Any
     ) -> list[Sampled]:
         if any(self.picks(r) for r in rows):
             self.raised += 1
             raise ValueError("this row cannot be sampled")
-        return self.inner(logits, rows, stop_ids)
+        return self.inner(logits, rows, *rest)
 
 
 @pytest.mark.spec("ENG-070")
@@ -140,7 +141,7 @@ def test_a_batch_whose_sampling_raises_fails_only_the_rows_that_raise(
     alone = {seed: tokens_of(make_engine(eos_ids=eos), params(seed)) for seed in (1, 2)}
     assert all(len(tokens[0]) >= 4 for tokens in alone.values())
     sampler = RaisingSampler(bad=666)
-    monkeypatch.setattr(engine_module, "sample_rows", sampler)
+    monkeypatch.setattr(engine_module, "sample_batch", sampler)
     engine = make_engine(eos_ids=eos)
     good = {seed: engine.add_request(PROMPT, params(seed)) for seed in (1, 2)}
     bad = engine.add_request(PROMPT, SamplingParams(max_tokens=5, temperature=1.0, seed=666))
@@ -175,7 +176,7 @@ def test_a_failed_sequence_fails_its_whole_request(monkeypatch: pytest.MonkeyPat
     other_alone = tokens_of(
         make_engine(), SamplingParams(max_tokens=8, temperature=0.0), other_prompt
     )
-    monkeypatch.setattr(engine_module, "sample_rows", LateRaisingSampler(bad=1001, after=3))
+    monkeypatch.setattr(engine_module, "sample_batch", LateRaisingSampler(bad=1001, after=3))
     engine = make_engine()
     other = engine.add_request(other_prompt, SamplingParams(max_tokens=8, temperature=0.0))
     rid = engine.add_request(PROMPT, SamplingParams(max_tokens=8, temperature=1.0, seed=1000, n=2))

@@ -12,6 +12,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -180,13 +181,13 @@ def test_one_sampler_call_per_step_and_seeded_rows_ignore_the_batch(
     """A seeded, penalised request samples the same tokens alone and beside others with other
     controls; every step samples all its rows in one call."""
     calls: list[int] = []
-    real = engine_module.sample_rows
+    real = engine_module.sample_batch
 
-    def counting(logits: torch.Tensor, rows: Sequence[SampleRow], stop: frozenset[int]) -> list:  # type: ignore[type-arg]
+    def counting(logits: torch.Tensor, rows: Sequence[SampleRow], *rest: Any) -> list:  # type: ignore[type-arg]
         calls.append(len(rows))
-        return real(logits, rows, stop)
+        return real(logits, rows, *rest)
 
-    monkeypatch.setattr(engine_module, "sample_rows", counting)
+    monkeypatch.setattr(engine_module, "sample_batch", counting)
     seeded = SamplingParams(
         max_tokens=10, temperature=1.2, seed=9, presence_penalty=0.7, repetition_penalty=1.3
     )

@@ -5,6 +5,7 @@ reasons (specs/engine.md). Over the hash stand-in model."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -128,16 +129,14 @@ def test_a_fork_whose_first_token_fails_fails_its_request(
     reason error and the message, no completion gets a new token, and the request beside it
     finishes with its tokens."""
     seed = 11
-    sample_rows = engine_module.sample_rows
+    sample_batch = engine_module.sample_batch
 
-    def failing(
-        logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int] = frozenset()
-    ) -> list[Sampled]:
+    def failing(logits: torch.Tensor, rows: Sequence[SampleRow], *rest: Any) -> list[Sampled]:
         if any(r.generator is not None and r.generator.initial_seed() == seed + 1 for r in rows):
             raise RuntimeError("injected sampling fault")
-        return sample_rows(logits, rows, stop_ids)
+        return sample_batch(logits, rows, *rest)
 
-    monkeypatch.setattr(engine_module, "sample_rows", failing)
+    monkeypatch.setattr(engine_module, "sample_batch", failing)
     eut = engine(mode)
     beside = eut.add_request([9, 8, 7], SamplingParams(max_tokens=4, temperature=0.0))
     failed = eut.add_request([1, 2, 3, 4, 5], SamplingParams(n=3, max_tokens=4, seed=seed))

@@ -31,11 +31,12 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.generation_config import GenerationDefaults
 from pagedkv.engine.group import RequestGroup
+from pagedkv.engine.logit_summary import LogitSummary
 from pagedkv.engine.outputs import EngineStats, FinishReason, RequestOutput, StepReport
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.engine.prompts import PromptType, parse_prompt
 from pagedkv.engine.request import Request, RequestStatus
-from pagedkv.engine.sampler import Sampled, SampleRow, sample_rows
+from pagedkv.engine.sampler import Sampled, SampleRow, sample_batch
 from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput, make_scheduler
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest, RequestTooLong, RunnerFailed
@@ -91,6 +92,10 @@ class LLMEngine:
         self._prefill_tokens_computed = 0
         self._peak_pages = 0
         self._failure: RunnerFailed | None = None
+        # Greedy tokens and chosen logprobs without a float32 copy of the logits (ENG-158);
+        # where the kernel cannot be built, the sampler's torch path does it all.
+        summary = LogitSummary.build()
+        self._logit_summary = summary if isinstance(summary, LogitSummary) else None
 
     @classmethod
     def from_model_dir(
@@ -399,17 +404,26 @@ class LLMEngine:
             picked = logits
             if bad:
                 picked = logits.index_select(0, torch.tensor(good, dtype=torch.int64))
-            results = sample_rows(picked, [rows[i] for i in good], self.scheduler.eos_ids)
+            results = self._sample_batch(picked, [rows[i] for i in good], self.scheduler.eos_ids)
             for i, result in zip(good, results, strict=True):
                 out[i] = _sampled_token(result, rows[i].params)
         except Exception:  # find the rows that raise: each fails alone
             for i in good:
                 try:
-                    (result,) = sample_rows(logits[i : i + 1], [rows[i]], self.scheduler.eos_ids)
+                    (result,) = self._sample_batch(
+                        logits[i : i + 1], [rows[i]], self.scheduler.eos_ids
+                    )
                     out[i] = _sampled_token(result, rows[i].params)
                 except Exception as exc:  # this row's own sampling
                     out[i] = SampleError(f"sampling failed: {_describe(exc)}")
         return out
+
+    def _sample_batch(
+        self, logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int]
+    ) -> list[Sampled]:
+        """:func:`~pagedkv.engine.sampler.sample_batch` with this engine's logit summary
+        kernel (ENG-158)."""
+        return sample_batch(logits, rows, stop_ids, self._logit_summary)
 
     def _outputs(self, advanced: Sequence[Request]) -> list[RequestOutput]:
         """Detokenize the sequences that got a token (a stop string ends one here), then the

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedkv.engine.logit_summary import LogitSummary, RowSummary
 from pagedkv.engine.outputs import TokenLogprobs
 from pagedkv.engine.params import SamplingParams
 
@@ -215,6 +216,43 @@ def sample_rows(
         Sampled(int(t), float(lp), top)
         for t, lp, top in zip(tokens.tolist(), chosen, tops, strict=True)
     ]
+
+
+def sample_batch(
+    logits: torch.Tensor,
+    rows: Sequence[SampleRow],
+    stop_ids: frozenset[int] = frozenset(),
+    kernel: LogitSummary | None = None,
+) -> list[Sampled]:
+    """:func:`sample_rows`, for ``logits`` float32 or bfloat16. With ``kernel``, a batch whose
+    rows have no control to apply and ask for no top logprobs takes greedy tokens and the
+    chosen tokens' log-probabilities from the kernel's summary of the rows, with no float32
+    copy of the logits and no log-softmax (ENG-158)."""
+    if (
+        kernel is not None
+        and kernel.takes(logits)
+        and not _controlled(rows)
+        and not any(r.params.logprobs for r in rows)
+    ):
+        return _sample_summarised(logits, rows, kernel(logits))
+    return sample_rows(logits, rows, stop_ids)
+
+
+def _sample_summarised(
+    logits: torch.Tensor, rows: Sequence[SampleRow], summary: RowSummary
+) -> list[Sampled]:
+    """:func:`sample_batch` for rows without controls or top logprobs: greedy rows take the
+    summary's argmax, the others draw from their own rows (converted to float32 alone)."""
+    tokens = summary.index.clone()
+    random = [i for i, r in enumerate(rows) if not r.params.greedy]
+    if random:
+        picked = torch.tensor(random, dtype=torch.int64)
+        probs = filtered_probs_batch(
+            logits.index_select(0, picked).float(), [rows[i].params for i in random]
+        )
+        tokens.index_copy_(0, picked, _draw(probs, [rows[i].generator for i in random]))
+    chosen = summary.logprobs(logits, tokens).tolist()
+    return [Sampled(int(t), float(lp), ()) for t, lp in zip(tokens.tolist(), chosen, strict=True)]
 
 
 def _controlled(rows: Sequence[SampleRow]) -> bool:
