@@ -151,6 +151,25 @@ def test_a_built_library_is_reused_and_named_by_its_source(tmp_path: Path) -> No
     assert build_library(native_decode.SOURCE, tmp_path, ("-O2",)) not in (first, other)
 
 
+@pytest.mark.spec("PST-009")
+def test_a_library_is_named_by_the_headers_its_source_includes(tmp_path: Path) -> None:
+    """A source including a header beside it: the library's name changes when only the
+    header does, and a source including the shared header finds it on the include path."""
+    source = tmp_path / "kernel.c"
+    source.write_text('#include "value.h"\nint value(void) { return VALUE; }\n')
+    header = tmp_path / "value.h"
+    header.write_text("#define VALUE 1\n")
+    first = build_library(source, tmp_path / "cache")
+    assert isinstance(first, Path)
+    header.write_text("#define VALUE 2\n")
+    second = build_library(source, tmp_path / "cache")
+    assert isinstance(second, Path)
+    assert second != first
+    shared = tmp_path / "shared.c"
+    shared.write_text('#include "fast_exp.h"\nfloat one(void) { return exp_nonpositive(0.0f); }\n')
+    assert isinstance(build_library(shared, tmp_path / "cache"), Path)
+
+
 @pytest.mark.spec("PST-009", "PST-013", "PST-041")
 @pytest.mark.parametrize("head_dim", [16, 24, 80, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

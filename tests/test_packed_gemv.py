@@ -77,6 +77,33 @@ def within_one_step(got: torch.Tensor, exact: torch.Tensor) -> bool:
     return bool((error <= step + 1e-5 * scale).all())
 
 
+def assert_products(
+    kernel: PackedGemv,
+    blocked: PackedWeight,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    row_counts: range,
+    generator: torch.Generator,
+) -> None:
+    """Each row count, with and without ``bias``, rows further apart than their width (NaN
+    between them, which a read past a row would carry into the result): taken by ``kernel``
+    and within one step of the exact product."""
+    out_features, in_features = weight.shape
+    for rows in row_counts:
+        wide = torch.randn(rows, in_features + 3, generator=generator).to(weight.dtype)
+        wide[:, in_features:] = float("nan")
+        x = wide[:, :in_features]
+        for with_bias in (None, bias):
+            assert kernel.takes(x, blocked, with_bias)
+            got = kernel.product(x, blocked, out_features, with_bias)
+            exact = x.double() @ weight.double().T
+            if with_bias is not None:
+                exact += with_bias.double()
+            assert got.shape == (rows, out_features)
+            assert got.dtype == weight.dtype
+            assert within_one_step(got, exact), (rows, with_bias is None)
+
+
 @pytest.mark.spec("ENG-117")
 @pytest.mark.parametrize("flags", BUILDS, ids=["native", "portable"])
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -95,18 +122,7 @@ def test_the_kernel_computes_the_product_in_each_layout(
     packed = layout.pack(weight)
     blocked = PackedWeight(layout, packed.data_ptr())
     kernel, counts = counted_kernel(flags)
-    for rows in range(1, MAX_ROWS + 1):
-        wide = torch.randn(rows, in_features + 3, generator=generator).to(dtype)
-        x = wide[:, :in_features]
-        for with_bias in (None, bias):
-            assert kernel.takes(x, blocked, with_bias)
-            got = kernel.product(x, blocked, out_features, with_bias)
-            exact = x.double() @ weight.double().T
-            if with_bias is not None:
-                exact += with_bias.double()
-            assert got.shape == (rows, out_features)
-            assert got.dtype == dtype
-            assert within_one_step(got, exact), (rows, with_bias is None)
+    assert_products(kernel, blocked, weight, bias, range(1, MAX_ROWS + 1), generator)
     batched = torch.randn(2, 2, in_features, generator=generator).to(dtype)
     got = kernel.product(batched, blocked, out_features, None)
     assert got.shape == (2, 2, out_features)
@@ -137,18 +153,7 @@ def test_the_amx_kernel_computes_bfloat16_products_of_5_to_32_rows(shape: tuple[
     kernel, counts = amx_kernel()
     assert kernel.max_rows(torch.bfloat16) == AMX_ROWS
     assert kernel.max_rows(torch.float32) == MAX_ROWS
-    for rows in range(MAX_ROWS + 1, AMX_ROWS + 1):
-        wide = torch.randn(rows, in_features + 3, generator=generator).to(torch.bfloat16)
-        wide[:, in_features:] = float("nan")  # never read: NaN times a zero pad is NaN
-        x = wide[:, :in_features]
-        for with_bias in (None, bias):
-            assert kernel.takes(x, blocked, with_bias)
-            got = kernel.product(x, blocked, out_features, with_bias)
-            exact = x.double() @ weight.double().T
-            if with_bias is not None:
-                exact += with_bias.double()
-            assert got.shape == (rows, out_features)
-            assert within_one_step(got, exact), (rows, with_bias is None)
+    assert_products(kernel, blocked, weight, bias, range(MAX_ROWS + 1, AMX_ROWS + 1), generator)
     batched = torch.randn(3, 7, in_features, generator=generator).to(torch.bfloat16)
     got = kernel.product(batched, blocked, out_features, None)
     assert got.shape == (3, 7, out_features)

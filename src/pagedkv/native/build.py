@@ -6,6 +6,10 @@ torch has already loaded under that name, so a kernel's threads are torch's own 
 libraries are kept in ``$PAGEDKV_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/pagedkv/kernels``, else
 ``~/.cache/pagedkv/kernels``. Where no compiler is found or the build fails, the caller gets a
 :class:`BuildFailure` with the reason, and falls back to its torch formulation.
+
+Code that several kernels share lives in headers beside this module (:data:`HEADERS`), which a
+source includes by name (``#include "fast_exp.h"``); a library's name changes with the bytes
+of every header its source includes that way, as with its own.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -22,6 +27,11 @@ from pathlib import Path
 
 #: Every kernel's compiler flags: optimised for this CPU, OpenMP, a shared library.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+
+#: The folder of the headers kernels share, on every build's include path.
+HEADERS = Path(__file__).parent
+
+_LOCAL_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +71,19 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
+def _included(source: Path) -> list[bytes]:
+    """The bytes of each header ``source`` includes by name, found beside it or in
+    :data:`HEADERS` (one not found is left to the compiler to report)."""
+    found = []
+    for name in _LOCAL_INCLUDE.findall(source.read_bytes()):
+        for folder in (source.parent, HEADERS):
+            header = folder / name.decode()
+            if header.is_file():
+                found.append(header.read_bytes())
+                break
+    return found
+
+
 def build_library(
     source: Path, folder: Path | None = None, extra_flags: Sequence[str] = ()
 ) -> Path | BuildFailure:
@@ -74,6 +97,7 @@ def build_library(
     flags = (*CFLAGS, *extra_flags)
     identity = [
         source.read_bytes(),
+        *_included(source),
         *(s.encode() for s in (compiler, " ".join(flags), _cpu_flags())),
     ]
     key = hashlib.sha256(b"\0".join(identity)).hexdigest()[:16]
@@ -86,7 +110,7 @@ def build_library(
         with tempfile.TemporaryDirectory(dir=folder) as scratch:
             partial = Path(scratch) / library.name
             done = subprocess.run(
-                [compiler, *flags, "-o", str(partial), str(source)],
+                [compiler, *flags, f"-I{HEADERS}", "-o", str(partial), str(source)],
                 capture_output=True,
                 text=True,
                 check=False,

@@ -17,18 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* exp(x) for x <= 0 (relative error below 2e-7): 2^n * 2^f with |f| <= 1/2, 2^f by its
- * Taylor series to degree 8. Written out so that the loops calling it vectorise. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float y = x * 1.44269504088896341f;
-    int32_t n = (int32_t)(y - 0.5f); /* y <= 0: rounds to nearest */
-    float f = (y - (float)n) * 0.693147180559945309f;
-    float p = 1.0f + f * (1.0f + f * (1.0f / 2 + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120
-              + f * (1.0f / 720 + f * (1.0f / 5040 + f * (1.0f / 40320))))))));
-    union { int32_t bits; float value; } scale = { .bits = (n + 127) << 23 };
-    return p * scale.value;
-}
+#include "fast_exp.h"
 
 /* How many positions ahead a task asks for its next key and value rows. Rows are reached
  * through the slot index, which the hardware prefetcher cannot follow: read on demand, each
@@ -133,26 +122,6 @@ static inline __m512 load16_bfloat16(const uint16_t *row) {
     }
 DEFINE_VECTOR(float32, float)
 DEFINE_VECTOR(bfloat16, uint16_t)
-
-/* exp_nonpositive, 16 lanes at once (the same steps, so the same values). */
-static inline __m512 exp16_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    __m512i n = _mm512_cvttps_epi32(_mm512_sub_ps(y, _mm512_set1_ps(0.5f)));
-    __m512 f = _mm512_mul_ps(_mm512_sub_ps(y, _mm512_cvtepi32_ps(n)),
-                             _mm512_set1_ps(0.693147180559945309f));
-    __m512 p = _mm512_set1_ps(1.0f / 40320);
-    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 5040));
-    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 720));
-    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f / 2));
-    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0f));
-    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
 
 static inline void softmax16(float *s, int64_t len) {
     __m512 top = _mm512_set1_ps(s[0]);
