@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 /* The most rows one call takes: two A tiles of 16. */
 #define MAX_ROWS 32
 #define BLOCK_OUT 32
@@ -52,17 +54,6 @@ struct tile_config {
 
 /* 1 if this process may use the tiles (asking Linux for them first), else 0. */
 int amx_ready(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
-
-static inline uint16_t to_bf16(float f) {
-    union { float value; uint32_t bits; } v = { .value = f };
-    if (isnan(f)) return 0x7FC0;
-    return (uint16_t)((v.bits + 0x7FFFu + ((v.bits >> 16) & 1u)) >> 16);
-}
-
-static inline float from_bf16(uint16_t h) {
-    union { uint32_t bits; float value; } v = { .bits = (uint32_t)h << 16 };
-    return v.value;
-}
 
 /* out[o] = to_bf16(sums[o] + bias[o]) for the 32 outputs of a block, 16 lanes at a time. */
 static inline void round_row(const float *sums, const float *bias, uint16_t *out) {

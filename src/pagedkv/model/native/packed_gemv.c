@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bf16.h"
 /* The bfloat16 dot product's path where the CPU has one, unless built PAGEDKV_PORTABLE (the
  * tests build both paths). */
 #if defined(__AVX512BF16__) && !defined(PAGEDKV_PORTABLE)
@@ -39,18 +41,6 @@
 #define F32_IN 16
 #define BF16_OUT 32
 #define BF16_IN 32
-
-static inline float from_bf16(uint16_t h) {
-    union { uint32_t bits; float value; } v = { .bits = (uint32_t)h << 16 };
-    return v.value;
-}
-
-/* Round to nearest even, NaN to the quiet NaN torch makes (c10::BFloat16). */
-static inline uint16_t to_bf16(float f) {
-    union { float value; uint32_t bits; } v = { .value = f };
-    if (isnan(f)) return 0x7FC0;
-    return (uint16_t)((v.bits + 0x7FFFu + ((v.bits >> 16) & 1u)) >> 16);
-}
 
 static inline int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
