@@ -16,28 +16,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bf16.h"
+
 /* Rows below which a call runs on the calling thread alone: a decode step's few rows cost
  * less than waking the other threads. */
 #define PARALLEL_ROWS 64
 
-static inline float from_bf16(uint16_t h) {
-    union { uint32_t bits; float value; } v = { .bits = (uint32_t)h << 16 };
-    return v.value;
-}
+/* Every loop below is written for the compiler to vectorize: the dtype is a constant in each
+ * inlined copy (the entry points branch on it once), loops have no branches, and the sum of
+ * squares is an `omp simd` reduction (the one reordering the arithmetic allows). Measured on
+ * a two-core AMX Xeon, both threads, a 512-token step of the 0.6B shape, bfloat16, against
+ * scalar loops of the same arithmetic that tested the dtype per element: add_rms_norm of
+ * [512, 1024] 289 -> 145 us, the query heads' norm and rotation [512, 16, 128] 712 -> 430 us
+ * (float32: 318 -> 150, 564 -> 260). */
+#define INLINE static inline __attribute__((always_inline))
 
-/* Round to nearest even, NaN to the quiet NaN torch makes (c10::BFloat16). */
-static inline uint16_t to_bf16(float f) {
-    union { float value; uint32_t bits; } v = { .value = f };
-    if (isnan(f)) return 0x7FC0;
-    return (uint16_t)((v.bits + 0x7FFFu + ((v.bits >> 16) & 1u)) >> 16);
-}
-
-/* One element as float32, and a float32 rounded to the dtype (identity for float32). */
-static inline float load(const void *base, int64_t i, int bf16) {
+/* Element i of a row of the dtype as float32, a float32 rounded to the dtype (identity for
+ * float32), and a float32 stored in the dtype. */
+INLINE float load(const void *base, int64_t i, int bf16) {
     return bf16 ? from_bf16(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
-static inline float round_to(float f, int bf16) { return bf16 ? from_bf16(to_bf16(f)) : f; }
-static inline void store(void *base, int64_t i, float f, int bf16) {
+INLINE float round_to(float f, int bf16) { return bf16 ? from_bf16(to_bf16(f)) : f; }
+INLINE void store(void *base, int64_t i, float f, int bf16) {
     if (bf16)
         ((uint16_t *)base)[i] = to_bf16(f);
     else
@@ -45,12 +45,38 @@ static inline void store(void *base, int64_t i, float f, int bf16) {
 }
 
 /* `row` (float32, already rounded to the dtype) normalised and scaled in place. */
-static void normalise(float *row, const void *weight, int64_t dim, float eps, int bf16) {
+INLINE void normalise(float *row, const void *weight, int64_t dim, float eps, int bf16) {
     float total = 0.0f;
+#pragma omp simd reduction(+ : total)
     for (int64_t d = 0; d < dim; ++d) total += row[d] * row[d];
     float inverse = 1.0f / sqrtf(total / (float)dim + eps);
+#pragma omp simd
     for (int64_t d = 0; d < dim; ++d)
         row[d] = round_to(load(weight, d, bf16) * round_to(row[d] * inverse, bf16), bf16);
+}
+
+INLINE void add_rms_norm_rows(const void *x, const void *residual, void *sum_out, void *out,
+                              const void *weight, int64_t rows, int64_t dim, float eps,
+                              int threads, int bf16) {
+#pragma omp parallel for num_threads(threads) if (rows >= PARALLEL_ROWS)
+    for (int64_t r = 0; r < rows; ++r) {
+        float row[16384];
+        int64_t first = r * dim;
+        if (residual != NULL) {
+#pragma omp simd
+            for (int64_t d = 0; d < dim; ++d) {
+                float v = round_to(load(x, first + d, bf16) + load(residual, first + d, bf16), bf16);
+                store(sum_out, first + d, v, bf16);
+                row[d] = v;
+            }
+        } else {
+#pragma omp simd
+            for (int64_t d = 0; d < dim; ++d) row[d] = load(x, first + d, bf16);
+        }
+        normalise(row, weight, dim, eps, bf16);
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) store(out, first + d, row[d], bf16);
+    }
 }
 
 /* out = norm(x + residual) and sum_out = x + residual, or out = norm(x) when `residual` is
@@ -59,22 +85,44 @@ static void normalise(float *row, const void *weight, int64_t dim, float eps, in
 int add_rms_norm(int bf16, const void *x, const void *residual, void *sum_out, void *out,
                  const void *weight, int64_t rows, int64_t dim, float eps, int threads) {
     if (dim > 16384) return 1;
-#pragma omp parallel for num_threads(threads) if (rows >= PARALLEL_ROWS)
-    for (int64_t r = 0; r < rows; ++r) {
-        float row[16384];
-        int64_t first = r * dim;
-        for (int64_t d = 0; d < dim; ++d) {
-            float v = load(x, first + d, bf16);
-            if (residual != NULL) {
-                v = round_to(v + load(residual, first + d, bf16), bf16);
-                store(sum_out, first + d, v, bf16);
-            }
-            row[d] = v;
-        }
-        normalise(row, weight, dim, eps, bf16);
-        for (int64_t d = 0; d < dim; ++d) store(out, first + d, row[d], bf16);
-    }
+    if (bf16)
+        add_rms_norm_rows(x, residual, sum_out, out, weight, rows, dim, eps, threads, 1);
+    else
+        add_rms_norm_rows(x, residual, sum_out, out, weight, rows, dim, eps, threads, 0);
     return 0;
+}
+
+/* out = x * cos + rotated * sin over `n` elements, each product rounded, then the sum. */
+INLINE void rotate_part(const float *x, const float *rotated, float sign, const void *cos,
+                        const void *sin, int64_t table, void *out, int64_t first, int64_t n,
+                        int bf16) {
+#pragma omp simd
+    for (int64_t d = 0; d < n; ++d) {
+        float a = round_to(x[d] * load(cos, table + d, bf16), bf16);
+        float b = round_to(sign * rotated[d] * load(sin, table + d, bf16), bf16);
+        store(out, first + d, a + b, bf16);
+    }
+}
+
+INLINE void rms_norm_rope_rows(const void *x, void *out, const void *weight, const void *cos,
+                               const void *sin, int64_t tokens, int64_t heads, int64_t dim,
+                               int64_t stride, float eps, int threads, int bf16) {
+    int64_t half = dim / 2;
+#pragma omp parallel for collapse(2) num_threads(threads) if (tokens * heads >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t h = 0; h < heads; ++h) {
+            float row[1024];
+#pragma omp simd
+            for (int64_t d = 0; d < dim; ++d) row[d] = load(x, t * stride + h * dim + d, bf16);
+            normalise(row, weight, dim, eps, bf16);
+            int64_t first = (t * heads + h) * dim;
+            /* rotate_half: the first half pairs with the negated second, the second with the
+             * first (negation is exact, so the sign may multiply first). */
+            rotate_part(row, row + half, -1.0f, cos, sin, t * dim, out, first, half, bf16);
+            rotate_part(row + half, row, 1.0f, cos, sin, t * dim + half, out, first + half, half,
+                        bf16);
+        }
+    }
 }
 
 /* out[t, h] = rotate(norm(x[t, h]), cos[t], sin[t]) for `tokens` x `heads` rows of `dim`
@@ -84,21 +132,9 @@ int rms_norm_rope(int bf16, const void *x, void *out, const void *weight, const 
                   const void *sin, int64_t tokens, int64_t heads, int64_t dim, int64_t stride,
                   float eps, int threads) {
     if (dim > 1024) return 1;
-    int64_t half = dim / 2;
-#pragma omp parallel for collapse(2) num_threads(threads) if (tokens * heads >= PARALLEL_ROWS)
-    for (int64_t t = 0; t < tokens; ++t) {
-        for (int64_t h = 0; h < heads; ++h) {
-            float row[1024];
-            for (int64_t d = 0; d < dim; ++d) row[d] = load(x, t * stride + h * dim + d, bf16);
-            normalise(row, weight, dim, eps, bf16);
-            int64_t first = (t * heads + h) * dim;
-            for (int64_t d = 0; d < dim; ++d) {
-                float rotated = d < half ? -row[d + half] : row[d - half];
-                float a = round_to(row[d] * load(cos, t * dim + d, bf16), bf16);
-                float b = round_to(rotated * load(sin, t * dim + d, bf16), bf16);
-                store(out, first + d, a + b, bf16);
-            }
-        }
-    }
+    if (bf16)
+        rms_norm_rope_rows(x, out, weight, cos, sin, tokens, heads, dim, stride, eps, threads, 1);
+    else
+        rms_norm_rope_rows(x, out, weight, cos, sin, tokens, heads, dim, stride, eps, threads, 0);
     return 0;
 }
