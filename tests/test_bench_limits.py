@@ -3,13 +3,15 @@ refusals, without running a workload."""
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from pagedkv.bench import cli, limits, vllm_peer, vllm_worker
+from pagedkv.bench import cli, limits, peers, vllm_peer, vllm_worker
 from pagedkv.bench.machine import physical_cores, usable_cores
 from pagedkv.bench.peers import Row, rows
 
@@ -59,7 +61,15 @@ def test_vllm_without_its_interpreter_is_unavailable_with_the_reason(
     monkeypatch.setenv(vllm_peer.PYTHON_ENV, str(tmp_path / "no-python"))
     row = vllm_peer.VllmRow("fp32_bs8", "batch", (((1, 2, 3), 4),))
     with pytest.raises(vllm_peer.PeerUnavailable, match="make vllm-install"):
-        vllm_peer.run_vllm(tmp_path, "float32", [row], threads=1, max_model_len=64, kv_cache_gib=1)
+        vllm_peer.run_vllm(
+            tmp_path,
+            "float32",
+            [row],
+            threads=1,
+            max_model_len=64,
+            kv_cache_gib=1,
+            max_num_batched_tokens=64,
+        )
 
 
 def test_the_peer_table_has_the_issue_rows() -> None:
@@ -122,3 +132,57 @@ def test_a_peer_that_cannot_clear_its_prefix_cache_is_not_timed() -> None:
     row = {"name": "r", "kind": "batch", "requests": [[[1, 2, 3], 4]]}
     with pytest.raises(RuntimeError, match="prefix cache"):
         vllm_worker._row(_CachingLLM(clears=False), dict, row)
+
+
+@pytest.mark.spec("SRV-048")
+def test_vllm_is_given_the_peers_step_token_budget(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The job carries the budget, and the worker hands it to vLLM's ``LLM``."""
+    python = tmp_path / "python"
+    python.touch()
+    monkeypatch.setenv(vllm_peer.PYTHON_ENV, str(python))
+    sent: list[dict[str, object]] = []
+
+    def fake_run(*args: object, **kwargs: object) -> SimpleNamespace:
+        sent.append(json.loads(str(kwargs["input"])))
+        return SimpleNamespace(returncode=0, stdout='{"rows": {}, "vllm": "x"}\n', stderr="")
+
+    monkeypatch.setattr(vllm_peer.subprocess, "run", fake_run)
+    row = vllm_peer.VllmRow("fp32_bs8", "batch", (((1, 2, 3), 4),))
+    vllm_peer.run_vllm(
+        tmp_path,
+        "float32",
+        [row],
+        threads=1,
+        max_model_len=64,
+        kv_cache_gib=1,
+        max_num_batched_tokens=peers.STEP_TOKENS,
+    )
+    assert sent[0]["max_num_batched_tokens"] == peers.STEP_TOKENS == 4096
+
+    made: list[dict[str, object]] = []
+
+    class FakeLLM:
+        def __init__(self, **kwargs: object) -> None:
+            made.append(kwargs)
+
+    fake_vllm = SimpleNamespace(LLM=FakeLLM, SamplingParams=dict, __version__="x")
+    monkeypatch.setattr(vllm_worker.importlib, "import_module", lambda name: fake_vllm)
+    monkeypatch.setattr(vllm_worker.sys, "stdin", io.StringIO(json.dumps({**sent[0], "rows": []})))
+    assert vllm_worker.main() == 0
+    assert made[0]["max_num_batched_tokens"] == peers.STEP_TOKENS
+
+
+@pytest.mark.spec("SRV-048")
+def test_pagedkv_runs_the_peers_rows_with_the_same_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    budgets: list[object] = []
+
+    def fake_make_engine(runner: object, mode: str, num_pages: int, **kwargs: object) -> str:
+        budgets.append(kwargs.get("max_num_batched_tokens"))
+        return "engine"
+
+    monkeypatch.setattr(peers, "make_engine", fake_make_engine)
+    monkeypatch.setattr(peers, "run_engine", lambda engine, requests, system: engine)
+    assert peers._measure(peers.PAGEDKV, None, None, 16, []) == "engine"  # type: ignore[arg-type]
+    assert budgets == [peers.STEP_TOKENS]

@@ -7,8 +7,9 @@ Every request has a 128-token prompt and generates exactly 64 tokens, greedy, EO
 Systems: pagedkv v1; transformers ``generate`` on one static batch of all the requests (equal
 lengths: no padding, its best case); vLLM's CPU backend, run from its own virtualenv as a
 subprocess (:mod:`pagedkv.bench.vllm_peer`), skipped with the reason when it cannot run. All use
-the run's threads. Each system runs each row once after a warm-up; vLLM runs first (its own
-process, its own copy of the weights), then pagedkv and transformers with the rows interleaved.
+the run's threads, and the engines one step budget of 4096 positions (SRV-048). Each system
+runs each row once after a warm-up; vLLM runs first (its own process, its own copy of the
+weights), then pagedkv and transformers with the rows interleaved.
 
 The batched float32 rows also report the fraction of the machine's GEMM peak (a float32 matrix
 product measured in the run) that pagedkv reached, counting ``2 x parameters`` operations per
@@ -38,6 +39,9 @@ BATCH_SIZES = (8, 32)
 DTYPES = ("float32", "bfloat16")
 #: pagedkv over transformers static batching, batched float32 rows.
 HF_BATCH_TARGET = 1.5
+#: Positions per step, every engine (SRV-048): vLLM's CPU default for its offline ``LLM``,
+#: given to vLLM explicitly and to pagedkv's engine.
+STEP_TOKENS = 4096
 #: pagedkv over vLLM's CPU backend, every row.
 VLLM_TARGET = 1.0
 PAGEDKV, HF, VLLM = "pagedkv", "hf-generate", "vllm-cpu"
@@ -86,6 +90,7 @@ def run(ctx: BenchContext) -> WorkloadResult:
         "checkpoint": checkpoint.name,
         "prompt_len": PROMPT_LEN,
         "new_tokens": NEW_TOKENS,
+        "step_tokens": STEP_TOKENS,
         "threads": ctx.threads,
         "rows": figures,
     }
@@ -137,6 +142,7 @@ def _vllm(
             threads=ctx.threads,
             max_model_len=PROMPT_LEN + NEW_TOKENS + PAGE_SIZE,
             kv_cache_gib=max(1, -(-2 * kv_bytes // 2**30)),  # twice what the rows hold
+            max_num_batched_tokens=STEP_TOKENS,
         )
     except PeerUnavailable as exc:
         result.notes.append(f"vLLM CPU ({dtype_rows[0].dtype}) not measured: {exc}")
@@ -182,7 +188,8 @@ def _measure(
     requests: list[BenchRequest],
 ) -> RunResult:
     if system == PAGEDKV:
-        return run_engine(make_engine(runner, "v1", num_pages), requests, system)
+        engine = make_engine(runner, "v1", num_pages, max_num_batched_tokens=STEP_TOKENS)
+        return run_engine(engine, requests, system)
     return run_generate_static(hf_model, requests, batch_size=len(requests))
 
 

@@ -52,8 +52,10 @@ def run_vllm(
     threads: int,
     max_model_len: int,
     kv_cache_gib: int,
+    max_num_batched_tokens: int,
 ) -> dict[str, Any]:
-    """Run ``rows`` on vLLM's CPU backend with ``threads`` OpenMP threads; the worker's answer
+    """Run ``rows`` on vLLM's CPU backend with ``threads`` OpenMP threads and a step budget of
+    ``max_num_batched_tokens`` positions (SRV-048); the worker's answer
     (``{"rows": {name: figures}, "vllm": version}``).
 
     Raises:
@@ -70,6 +72,7 @@ def run_vllm(
         "block_size": BLOCK_SIZE,
         "max_model_len": max_model_len,
         "max_num_seqs": max(len(r.requests) for r in rows),
+        "max_num_batched_tokens": max_num_batched_tokens,
         "rows": [
             {"name": r.name, "kind": r.kind, "requests": [[list(p), n] for p, n in r.requests]}
             for r in rows

@@ -6,6 +6,7 @@ file, so only vLLM and the standard library need to be there. It reads a JSON jo
 input::
 
     {"model": DIR, "dtype": "float32", "block_size": 32, "max_model_len": 512,
+     "max_num_seqs": 32, "max_num_batched_tokens": 4096,
      "rows": [{"name": "fp32-bs8", "kind": "batch", "requests": [[[ids...], max_tokens], ...]},
               {"name": "fp32-bs1", "kind": "decode", "requests": [[[ids...], max_tokens]]}]}
 
@@ -84,6 +85,7 @@ def main() -> int:
         block_size=job["block_size"],
         max_model_len=job["max_model_len"],
         max_num_seqs=job["max_num_seqs"],
+        max_num_batched_tokens=job["max_num_batched_tokens"],
         seed=0,
     )
     rows = {row["name"]: _row(llm, vllm.SamplingParams, row) for row in job["rows"]}
