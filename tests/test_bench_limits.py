@@ -59,17 +59,22 @@ def test_vllm_without_its_interpreter_is_unavailable_with_the_reason(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv(vllm_peer.PYTHON_ENV, str(tmp_path / "no-python"))
-    row = vllm_peer.VllmRow("fp32_bs8", "batch", (((1, 2, 3), 4),))
     with pytest.raises(vllm_peer.PeerUnavailable, match="make vllm-install"):
-        vllm_peer.run_vllm(
-            tmp_path,
-            "float32",
-            [row],
-            threads=1,
-            max_model_len=64,
-            kv_cache_gib=1,
-            max_num_batched_tokens=64,
-        )
+        run_one_row(tmp_path)
+
+
+def run_one_row(model_dir: Path) -> dict[str, object]:
+    """One small batch row on the vLLM peer, with the peers' step budget."""
+    row = vllm_peer.VllmRow("fp32_bs8", "batch", (((1, 2, 3), 4),))
+    return vllm_peer.run_vllm(
+        model_dir,
+        "float32",
+        [row],
+        threads=1,
+        max_model_len=64,
+        kv_cache_gib=1,
+        max_num_batched_tokens=peers.STEP_TOKENS,
+    )
 
 
 def test_the_peer_table_has_the_issue_rows() -> None:
@@ -149,16 +154,7 @@ def test_vllm_is_given_the_peers_step_token_budget(
         return SimpleNamespace(returncode=0, stdout='{"rows": {}, "vllm": "x"}\n', stderr="")
 
     monkeypatch.setattr(vllm_peer.subprocess, "run", fake_run)
-    row = vllm_peer.VllmRow("fp32_bs8", "batch", (((1, 2, 3), 4),))
-    vllm_peer.run_vllm(
-        tmp_path,
-        "float32",
-        [row],
-        threads=1,
-        max_model_len=64,
-        kv_cache_gib=1,
-        max_num_batched_tokens=peers.STEP_TOKENS,
-    )
+    run_one_row(tmp_path)
     assert sent[0]["max_num_batched_tokens"] == peers.STEP_TOKENS == 4096
 
     made: list[dict[str, object]] = []
