@@ -30,6 +30,7 @@ from pagedkv.bench import (
 from pagedkv.bench.checkpoints import QWEN3_0_6B, Checkpoint, small_checkpoint
 from pagedkv.bench.cli import CUDA_WORKLOADS, WORKLOADS
 from pagedkv.bench.context import BenchContext, default_cache_dir
+from pagedkv.bench.isolated import run_isolated
 from pagedkv.bench.machine import load_average, machine_info, physical_cores
 from pagedkv.bench.pagedkv_system import PAGE_SIZE
 from pagedkv.bench.report import results_markdown
@@ -69,31 +70,22 @@ def run_suite(args: argparse.Namespace) -> int:
         seed=args.seed,
         verbose=not args.quiet,
     )
-    _quiet_transformers()
+    quiet_transformers()
     torch.set_num_threads(ctx.threads)
     selected = args.only or (QUICK_WORKLOADS if ctx.quick else WORKLOADS)
     if ctx.device != "cpu":
         selected = [w for w in selected if w in CUDA_WORKLOADS]
     machine = machine_info(ctx.threads)
     checkpoint = small_checkpoint(ctx.cache_dir)
-    vocab = _vocab(checkpoint)
+    vocab = vocab_of(checkpoint)
     ctx.log(f"small checkpoint: {checkpoint.name} ({checkpoint.description})")
-    runners = _runners()
-    results: list[WorkloadResult] = []
-    failed = False
-    for name in WORKLOADS:
-        if name not in selected:
-            continue
-        started = time.perf_counter()
-        try:
-            result = runners[name](ctx, checkpoint, vocab)
-        except Exception as exc:  # one workload failing must not lose the others' results
-            result = WorkloadResult(name, errors={"workload": f"{type(exc).__name__}: {exc}"})
-            failed = True
-            ctx.log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
-        result.seconds = time.perf_counter() - started
-        results.append(result)
-        ctx.log(f"{name}: done in {result.seconds:.1f} s")
+    # A full run's workloads each in a fresh process (SRV-049); the quick gate's in this one.
+    results = [
+        run_workload(name, ctx, checkpoint, vocab) if ctx.quick else run_isolated(name, ctx)
+        for name in WORKLOADS
+        if name in selected
+    ]
+    failed = any("workload" in r.errors for r in results)
     machine["load_average_end"] = load_average()
     document = build_document(
         mode="quick" if ctx.quick else "full",
@@ -107,6 +99,22 @@ def run_suite(args: argparse.Namespace) -> int:
     if args.gate is not None:
         status = max(status, gate.report(document, read_json(args.gate)))
     return status
+
+
+def run_workload(
+    name: str, ctx: BenchContext, checkpoint: Checkpoint, vocab: int
+) -> WorkloadResult:
+    """Run workload ``name`` in this process; its result, with the error it raised (if any)
+    under ``errors["workload"]`` and its wall time."""
+    started = time.perf_counter()
+    try:
+        result = _runners()[name](ctx, checkpoint, vocab)
+    except Exception as exc:  # one workload failing must not lose the others' results
+        result = WorkloadResult(name, errors={"workload": f"{type(exc).__name__}: {exc}"})
+        ctx.log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
+    result.seconds = time.perf_counter() - started
+    ctx.log(f"{name}: done in {result.seconds:.1f} s")
+    return result
 
 
 def _settings(ctx: BenchContext, checkpoint: Checkpoint, selected: Sequence[str]) -> dict[str, Any]:
@@ -138,13 +146,14 @@ def _write(ctx: BenchContext, document: dict[str, Any], out: Path, plots_wanted:
         ctx.log("matplotlib is not installed: no plots (pip install 'pagedkv[bench]')")
 
 
-def _vocab(checkpoint: Checkpoint) -> int:
+def vocab_of(checkpoint: Checkpoint) -> int:
+    """The vocabulary size of ``checkpoint``."""
     from pagedkv.model.config import ModelConfig
 
     return ModelConfig.from_dir(checkpoint.path).vocab_size
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     """Silence transformers' progress bars and warnings; failures still raise and are recorded.
 
     Its continuous batching logs an error per manager on a CPU without ``psutil`` (it cannot

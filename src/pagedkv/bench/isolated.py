@@ -1,0 +1,100 @@
+"""One workload of a full run in a fresh interpreter (SRV-049).
+
+A full run holds several 0.6B-shaped models one after another (eager and compiled, pagedkv's
+and transformers'), and what one workload leaves in the process (allocator state, compiled
+kernels' threads, cached weights) slowed the next one's in-process systems: the peers' rows
+measured 15-20% slower for pagedkv and transformers after the other workloads than in a run
+of their own, while vLLM, always in its own process, did not move. So each workload of a full
+run runs here, in a new process, as a user's single engine would; ``python -m
+pagedkv.bench.isolated NAME RESULT [options]`` runs workload NAME with the run's options and
+writes its :class:`~pagedkv.bench.results.WorkloadResult` to the JSON file RESULT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pagedkv.bench.context import BenchContext
+from pagedkv.bench.results import Target, WorkloadResult
+
+
+def run_isolated(name: str, ctx: BenchContext) -> WorkloadResult:
+    """Run workload ``name`` in a new interpreter with ``ctx``'s settings; its result, or a
+    result whose ``errors`` say why the process gave none."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "result.json"
+        command = [
+            sys.executable,
+            "-m",
+            "pagedkv.bench.isolated",
+            name,
+            str(path),
+            "--threads",
+            str(ctx.threads),
+            "--device",
+            ctx.device,
+            "--cache-dir",
+            str(ctx.cache_dir),
+            "--seed",
+            str(ctx.seed),
+            "--elapsed",
+            str(time.perf_counter() - ctx.started),
+            *([] if ctx.verbose else ["--quiet"]),
+        ]
+        done = subprocess.run(command, check=False)
+        if done.returncode != 0 or not path.is_file():
+            error = f"its process exited with status {done.returncode} and no result"
+            return WorkloadResult(name, errors={"workload": error})
+        return result_from_json(json.loads(path.read_text(encoding="utf-8")))
+
+
+def result_from_json(data: dict[str, Any]) -> WorkloadResult:
+    """The :class:`WorkloadResult` that :func:`dataclasses.asdict` wrote as ``data``."""
+    targets = [Target(**t) for t in data.pop("targets")]
+    return WorkloadResult(**data, targets=targets)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one workload (see the module docstring); the exit status."""
+    from pagedkv.bench.checkpoints import small_checkpoint
+    from pagedkv.bench.suite import quiet_transformers, run_workload, vocab_of
+
+    parser = argparse.ArgumentParser(prog="python -m pagedkv.bench.isolated")
+    parser.add_argument("name")
+    parser.add_argument("result", type=Path)
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cache-dir", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--elapsed", type=float, default=0.0)
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    ctx = BenchContext(
+        quick=False,
+        threads=args.threads,
+        device=args.device,
+        cache_dir=args.cache_dir,
+        seed=args.seed,
+        verbose=not args.quiet,
+        started=time.perf_counter() - args.elapsed,
+    )
+    quiet_transformers()
+    import torch
+
+    torch.set_num_threads(ctx.threads)
+    checkpoint = small_checkpoint(ctx.cache_dir)
+    result = run_workload(args.name, ctx, checkpoint, vocab_of(checkpoint))
+    args.result.write_text(json.dumps(asdict(result)), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
