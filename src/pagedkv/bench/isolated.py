@@ -3,7 +3,7 @@
 A full run holds several 0.6B-shaped models one after another (eager and compiled, pagedkv's
 and transformers'), and what one workload leaves in the process (allocator state, compiled
 kernels' threads, cached weights) slowed the next one's in-process systems: the peers' rows
-measured 15-20% slower for pagedkv and transformers after the other workloads than in a run
+measured 11-20% slower for pagedkv and transformers after the other workloads than in a run
 of their own, while vLLM, always in its own process, did not move. So each workload of a full
 run runs here, in a new process, as a user's single engine would; ``python -m
 pagedkv.bench.isolated NAME RESULT [options]`` runs workload NAME with the run's options and
