@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "bf16.h"
+#include "inline.h"
 
 /* Rows below which a call runs on the calling thread alone: a decode step's few rows cost
  * less than waking the other threads. */
@@ -29,7 +30,6 @@
  * scalar loops of the same arithmetic that tested the dtype per element: add_rms_norm of
  * [512, 1024] 289 -> 145 us, the query heads' norm and rotation [512, 16, 128] 712 -> 430 us
  * (float32: 318 -> 150, 564 -> 260). */
-#define INLINE static inline __attribute__((always_inline))
 
 /* Element i of a row of the dtype as float32, a float32 rounded to the dtype (identity for
  * float32), and a float32 stored in the dtype. */

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "inline.h"
 /* The bfloat16 dot product's path where the CPU has one, unless built PAGEDKV_PORTABLE (the
  * tests build both paths). */
 #if defined(__AVX512BF16__) && !defined(PAGEDKV_PORTABLE)
@@ -41,9 +42,6 @@
 #define F32_IN 16
 #define BF16_OUT 32
 #define BF16_IN 32
-
-/* Inlined into each caller, where its arguments may be constants. */
-#define INLINE static inline __attribute__((always_inline))
 
 static inline int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
@@ -65,19 +63,19 @@ INLINE void f32_blocks(const float *weight, const float *x, int64_t padded_in, i
         }
 }
 
-/* f32_blocks with the row count a constant, so that each inlined copy keeps its sums in
- * registers rather than in memory between inputs: the 0.6B shape's float32 layer weights at
- * one row streamed at 25 GB/s with the count a variable and 27-28 GB/s so (bfloat16: 24 and
- * 25 GB/s), two threads of a two-core AMX Xeon. */
-static void f32_blocks_of(const float *weight, const float *x, int64_t padded_in, int64_t rows,
-                          int64_t first, int count, float acc[STREAMS][MAX_ROWS][F32_OUT]) {
-    switch (rows) {
-    case 1: f32_blocks(weight, x, padded_in, 1, first, count, acc); break;
-    case 2: f32_blocks(weight, x, padded_in, 2, first, count, acc); break;
-    case 3: f32_blocks(weight, x, padded_in, 3, first, count, acc); break;
-    default: f32_blocks(weight, x, padded_in, 4, first, count, acc); break;
+/* fn(weight, x, padded_in, rows, ...) with the row count `rows` (1..MAX_ROWS) passed as a
+ * constant, so that each inlined copy of the block loops keeps its sums in registers rather
+ * than in memory between inputs: the 0.6B shape's float32 layer weights at one row streamed
+ * at 25 GB/s with the count a variable and 27-28 GB/s so (bfloat16: 24 and 25 GB/s), two
+ * threads of a two-core AMX Xeon. */
+#define WITH_CONSTANT_ROWS(fn, weight, x, padded_in, rows, ...)            \
+    switch (rows) {                                                         \
+    case 1: fn(weight, x, padded_in, 1, __VA_ARGS__); break;                \
+    case 2: fn(weight, x, padded_in, 2, __VA_ARGS__); break;                \
+    case 3: fn(weight, x, padded_in, 3, __VA_ARGS__); break;                \
+    default: fn(weight, x, padded_in, MAX_ROWS, __VA_ARGS__); break;        \
     }
-}
+_Static_assert(MAX_ROWS == 4, "WITH_CONSTANT_ROWS names the counts 1 to 3, then MAX_ROWS");
 
 /* out[r, o] = sum_i x[r, i] * weight[o, i] (+ bias[o]), float32; x rows `x_stride` apart,
  * out rows `out_stride` apart. Returns 0, or 1 when rows exceed MAX_ROWS or scratch cannot be
@@ -98,7 +96,7 @@ int gemv_f32(const float *weight, const float *x, int64_t x_stride, const float 
         float acc[STREAMS][MAX_ROWS][F32_OUT];
         const int64_t first = g * STREAMS;
         const int count = (int)(out_blocks - first < STREAMS ? out_blocks - first : STREAMS);
-        f32_blocks_of(weight, xp, padded_in, rows, first, count, acc);
+        WITH_CONSTANT_ROWS(f32_blocks, weight, xp, padded_in, rows, first, count, acc)
         for (int s = 0; s < count; ++s) {
             const int64_t base = (first + s) * F32_OUT;
             const int64_t n = out_features - base < F32_OUT ? out_features - base : F32_OUT;
@@ -168,18 +166,6 @@ INLINE void bf16_blocks(const uint16_t *weight, const uint16_t *x, int64_t padde
 #endif
 }
 
-/* bf16_blocks with the row count a constant (as f32_blocks_of). */
-static void bf16_blocks_of(const uint16_t *weight, const uint16_t *x, int64_t padded_in,
-                           int64_t rows, int64_t first, int count,
-                           float acc[STREAMS][MAX_ROWS][2 * BF16_OUT]) {
-    switch (rows) {
-    case 1: bf16_blocks(weight, x, padded_in, 1, first, count, acc); break;
-    case 2: bf16_blocks(weight, x, padded_in, 2, first, count, acc); break;
-    case 3: bf16_blocks(weight, x, padded_in, 3, first, count, acc); break;
-    default: bf16_blocks(weight, x, padded_in, 4, first, count, acc); break;
-    }
-}
-
 /* The bfloat16 form of gemv_f32: bfloat16 x, bias and out, sums in float32. */
 int gemv_bf16(const uint16_t *weight, const uint16_t *x, int64_t x_stride, const uint16_t *bias,
               uint16_t *out, int64_t out_stride, int64_t rows, int64_t out_features,
@@ -197,7 +183,7 @@ int gemv_bf16(const uint16_t *weight, const uint16_t *x, int64_t x_stride, const
         float acc[STREAMS][MAX_ROWS][2 * BF16_OUT];
         const int64_t first = g * STREAMS;
         const int count = (int)(out_blocks - first < STREAMS ? out_blocks - first : STREAMS);
-        bf16_blocks_of(weight, xp, padded_in, rows, first, count, acc);
+        WITH_CONSTANT_ROWS(bf16_blocks, weight, xp, padded_in, rows, first, count, acc)
         for (int s = 0; s < count; ++s) {
             const int64_t base = (first + s) * BF16_OUT;
             const int64_t n = out_features - base < BF16_OUT ? out_features - base : BF16_OUT;
