@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import asdict
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pagedkv.bench import cli, isolated
+from pagedkv.bench import cli, isolated, suite
 from pagedkv.bench.context import BenchContext
 from pagedkv.bench.results import Target, WorkloadResult
 
@@ -49,6 +50,29 @@ def test_a_workload_whose_process_fails_is_an_error_of_that_workload(tmp_path: P
     assert not result.ratios
 
 
+@pytest.mark.spec("SRV-049")
+def test_a_failed_workload_fails_the_run_and_the_others_still_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    asked: list[str] = []
+
+    def fake_isolated(name: str, ctx: BenchContext) -> WorkloadResult:
+        asked.append(name)
+        if name == "detokenize":
+            return WorkloadResult(name, errors={"workload": "its process exited with status 1"})
+        result = WorkloadResult(name)
+        result.add_ratio("x", 1.0, "d")
+        return result
+
+    monkeypatch.setattr(suite, "run_isolated", fake_isolated)
+    out = tmp_path / "out"
+    argv = ["--only", "detokenize", "--only", "parallel", "--out", str(out), "--no-plots"]
+    assert cli.main([*argv, "--quiet", "--cache-dir", str(tmp_path / "cache")]) == 1
+    assert asked == ["detokenize", "parallel"]
+    document = json.loads((out / "results.json").read_text())
+    assert document["ratios"]["parallel.x"] == 1.0
+
+
 def test_a_result_survives_its_trip_through_json() -> None:
     result = WorkloadResult("w", figures={"a": [1, 2]}, notes=["n"], errors={"x": "y"})
     result.add_ratio("r", float("nan"), "d")
@@ -63,4 +87,4 @@ def test_a_result_survives_its_trip_through_json() -> None:
         1.5,
     )
     assert back.descriptions == {"w.r": "d"}
-    assert str(back.ratios["w.r"]) == "nan"
+    assert math.isnan(back.ratios["w.r"])

@@ -182,3 +182,10 @@ def test_pagedkv_runs_the_peers_rows_with_the_same_budget(monkeypatch: pytest.Mo
     monkeypatch.setattr(peers, "run_engine", lambda engine, requests, system: engine)
     assert peers._measure(peers.PAGEDKV, None, None, 16, []) == "engine"  # type: ignore[arg-type]
     assert budgets == [peers.STEP_TOKENS]
+
+
+@pytest.mark.spec("SRV-048")
+def test_the_peers_figures_record_the_step_budget() -> None:
+    figures = peers.settings_and_rows("ck", 2, {"fp32_bs8": {"pagedkv": 1.0}})
+    assert figures["step_tokens"] == peers.STEP_TOKENS
+    assert figures["rows"] == {"fp32_bs8": {"pagedkv": 1.0}}

@@ -22,6 +22,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from pagedkv.bench.context import BenchContext
 from pagedkv.bench.results import Target, WorkloadResult
 
@@ -87,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         started=time.perf_counter() - args.elapsed,
     )
     quiet_transformers()
-    import torch
-
     torch.set_num_threads(ctx.threads)
     checkpoint = small_checkpoint(ctx.cache_dir)
     result = run_workload(args.name, ctx, checkpoint, vocab_of(checkpoint))

@@ -86,14 +86,7 @@ def run(ctx: BenchContext) -> WorkloadResult:
         except Exception as exc:  # recorded: one dtype failing must not lose the other
             result.errors[dtype] = f"{type(exc).__name__}: {exc}"
         gc.collect()
-    result.figures = {
-        "checkpoint": checkpoint.name,
-        "prompt_len": PROMPT_LEN,
-        "new_tokens": NEW_TOKENS,
-        "step_tokens": STEP_TOKENS,
-        "threads": ctx.threads,
-        "rows": figures,
-    }
+    result.figures = settings_and_rows(checkpoint.name, ctx.threads, figures)
     if ctx.device == "cpu":
         peak = gemm_peak_flops()
         result.figures["gemm_peak_gflop_per_s"] = rounded(peak / 1e9, 1)
@@ -108,6 +101,21 @@ def run(ctx: BenchContext) -> WorkloadResult:
             )
     _ratios(result, figures)
     return result
+
+
+def settings_and_rows(
+    checkpoint: str, threads: int, rows: dict[str, dict[str, float | None]]
+) -> dict[str, object]:
+    """The workload's figures: its settings (the step budget among them, SRV-048) and each
+    row's tokens/s by system."""
+    return {
+        "checkpoint": checkpoint,
+        "prompt_len": PROMPT_LEN,
+        "new_tokens": NEW_TOKENS,
+        "step_tokens": STEP_TOKENS,
+        "threads": threads,
+        "rows": rows,
+    }
 
 
 def _vllm(
