@@ -23,6 +23,7 @@ from pagedkv.model.packed_gemv import (
     use_packed_gemv,
 )
 from pagedkv.model.packed_layout import (
+    AMX_LAYOUT,
     LAYOUTS,
     BlockedLayout,
     PackedWeight,
@@ -44,23 +45,16 @@ def _two_torch_threads() -> Iterator[None]:
         yield
 
 
-def layout_of(dtype: torch.dtype) -> BlockedLayout:
-    return next(layout for layout in LAYOUTS if layout.dtype == dtype)
-
-
 #: The kernel as built for this CPU, and built as for a CPU without a bfloat16 dot product.
 BUILDS = [(), ("-DPAGEDKV_PORTABLE",)]
 
 
-def counted_kernel(
-    flags: tuple[str, ...] = (),
-) -> tuple[PackedGemv, dict[torch.dtype | str, Counted]]:
+def counted_kernel(flags: tuple[str, ...] = ()) -> tuple[PackedGemv, dict[str, Counted]]:
+    """The kernel with every entry point counted: by layout name, and ``"amx"``."""
     kernel = PackedGemv.build(extra_flags=flags)
     assert isinstance(kernel, PackedGemv), kernel
-    counts: dict[torch.dtype | str, Counted] = {
-        dtype: Counted(entry) for dtype, entry in kernel._entries.items()
-    }
-    kernel._entries = {dtype: counts[dtype] for dtype in kernel._entries}
+    counts = {name: Counted(entry) for name, entry in kernel._entries.items()}
+    kernel._entries = {name: counts[name] for name in kernel._entries}
     if kernel._amx is not None:
         counts["amx"] = kernel._amx = Counted(kernel._amx)
     return kernel, counts
@@ -106,19 +100,19 @@ def assert_products(
 
 @pytest.mark.spec("ENG-117")
 @pytest.mark.parametrize("flags", BUILDS, ids=["native", "portable"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[layout.name for layout in LAYOUTS])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_kernel_computes_the_product_in_each_layout(
-    dtype: torch.dtype, shape: tuple[int, int], flags: tuple[str, ...]
+    layout: BlockedLayout, shape: tuple[int, int], flags: tuple[str, ...]
 ) -> None:
     """On weights laid out by the layout's own packing (so on any CPU, whatever oneDNN would
     choose): 1 to 4 rows, rows further apart than their width, a leading batch dimension, a
     bias."""
     generator = torch.Generator().manual_seed(sum(shape))
     out_features, in_features = shape
+    dtype = layout.dtype
     weight = torch.randn(shape, generator=generator).to(dtype)
     bias = torch.randn(out_features, generator=generator).to(dtype)
-    layout = layout_of(dtype)
     packed = layout.pack(weight)
     blocked = PackedWeight(layout, packed.data_ptr())
     kernel, counts = counted_kernel(flags)
@@ -127,10 +121,11 @@ def test_the_kernel_computes_the_product_in_each_layout(
     got = kernel.product(batched, blocked, out_features, None)
     assert got.shape == (2, 2, out_features)
     assert within_one_step(got, batched.double() @ weight.double().T)
-    assert counts[dtype].calls == 2 * MAX_ROWS + 1
+    assert counts[layout.name].calls == 2 * MAX_ROWS + 1
+    assert sum(c.calls for c in counts.values()) == counts[layout.name].calls
 
 
-def amx_kernel() -> tuple[PackedGemv, dict[torch.dtype | str, Counted]]:
+def amx_kernel() -> tuple[PackedGemv, dict[str, Counted]]:
     kernel, counts = counted_kernel()
     if kernel._amx is None:
         pytest.skip("this CPU (or Linux) gives the process no AMX tiles")
@@ -147,19 +142,20 @@ def test_the_amx_kernel_computes_bfloat16_products_of_5_to_32_rows(shape: tuple[
     out_features, in_features = shape
     weight = torch.randn(shape, generator=generator).to(torch.bfloat16)
     bias = torch.randn(out_features, generator=generator).to(torch.bfloat16)
-    layout = layout_of(torch.bfloat16)
+    layout = AMX_LAYOUT
     packed = layout.pack(weight)
     blocked = PackedWeight(layout, packed.data_ptr())
     kernel, counts = amx_kernel()
-    assert kernel.max_rows(torch.bfloat16) == AMX_ROWS
-    assert kernel.max_rows(torch.float32) == MAX_ROWS
+    assert [kernel.max_rows(other) for other in LAYOUTS] == [
+        AMX_ROWS if other == AMX_LAYOUT else MAX_ROWS for other in LAYOUTS
+    ]
     assert_products(kernel, blocked, weight, bias, range(MAX_ROWS + 1, AMX_ROWS + 1), generator)
     batched = torch.randn(3, 7, in_features, generator=generator).to(torch.bfloat16)
     got = kernel.product(batched, blocked, out_features, None)
     assert got.shape == (3, 7, out_features)
     assert within_one_step(got, batched.double() @ weight.double().T)
     assert counts["amx"].calls == 2 * (AMX_ROWS - MAX_ROWS) + 1
-    assert counts[torch.bfloat16].calls == 0
+    assert counts[layout.name].calls == 0
 
 
 @pytest.mark.spec("ENG-118")
@@ -174,7 +170,7 @@ def test_the_amx_kernel_rounds_once_to_nearest_even() -> None:
     weight = (1 + steps / 128).to(torch.bfloat16)
     signs = torch.randint(0, 2, (out_features,), generator=generator) * 2 - 1
     bias = (signs / 256).to(torch.bfloat16)
-    layout = layout_of(torch.bfloat16)
+    layout = AMX_LAYOUT
     packed = layout.pack(weight)
     kernel, _ = amx_kernel()
     x = torch.eye(in_features, dtype=torch.bfloat16)[:AMX_ROWS]
@@ -187,26 +183,29 @@ def test_the_amx_kernel_rounds_once_to_nearest_even() -> None:
 def test_without_amx_more_than_four_rows_stay_with_onednn() -> None:
     """Built portable, the AMX kernel reports no tiles: bfloat16 products of 5 rows are not
     taken, and one sent anyway is refused rather than computed by another kernel."""
-    layout = layout_of(torch.bfloat16)
+    layout = AMX_LAYOUT
     blocked = PackedWeight(layout, layout.pack(torch.randn(64, 32).to(torch.bfloat16)).data_ptr())
     kernel, _ = counted_kernel(("-DPAGEDKV_PORTABLE",))
     assert kernel._amx is None
-    assert kernel.max_rows(torch.bfloat16) == MAX_ROWS
+    assert kernel.max_rows(layout) == MAX_ROWS
     five = torch.randn(MAX_ROWS + 1, 32).to(torch.bfloat16)
     assert not kernel.takes(five, blocked, None)
     with pytest.raises(ValueError, match=f"1 to {MAX_ROWS} rows, not {MAX_ROWS + 1}"):
         kernel.product(five, blocked, 64, None)
 
 
-@pytest.mark.spec("ENG-117")
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_the_kernel_takes_only_what_it_computes(dtype: torch.dtype) -> None:
-    layout = layout_of(dtype)
+@pytest.mark.spec("ENG-117", "ENG-118")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[layout.name for layout in LAYOUTS])
+def test_the_kernel_takes_only_what_it_computes(layout: BlockedLayout) -> None:
+    """At most :meth:`max_rows` rows: more than four only for the AMX kernel's layout, where
+    the CPU has AMX."""
+    dtype = layout.dtype
     weight = torch.randn(64, 32).to(dtype)
     packed = layout.pack(weight)
     blocked = PackedWeight(layout, packed.data_ptr())
     kernel, _ = counted_kernel()
-    most = kernel.max_rows(dtype)
+    most = kernel.max_rows(layout)
+    assert most == (AMX_ROWS if layout == AMX_LAYOUT and kernel._amx is not None else MAX_ROWS)
     other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
     assert kernel.takes(torch.randn(most, 32).to(dtype), blocked, None)
     assert not kernel.takes(torch.randn(most + 1, 32).to(dtype), blocked, None)
@@ -236,7 +235,8 @@ def test_a_layout_is_named_only_when_onednns_bytes_equal_its_packing(dtype: torc
     layer, weight = packed_linear((100, 72), dtype)
     assert layer.packed is not None
     assert layer.packed_weight is not None
-    assert layer.packed_weight.layout == layout_of(dtype)
+    assert layer.packed_weight.layout in LAYOUTS
+    assert layer.packed_weight.layout.dtype == dtype
     assert read_layout(weight, layer.packed) == layer.packed_weight
     # Another weight of the same shape and dtype: the bytes differ, so no layout is named.
     assert read_layout(torch.randn(100, 72).to(dtype), layer.packed) is None
@@ -254,9 +254,11 @@ def test_a_packed_layer_runs_few_rows_through_the_kernel_and_more_through_onednn
 ) -> None:
     layer, weight = packed_linear((300, 96), dtype)
     assert layer.packed is not None
+    assert layer.packed_weight is not None
     assert layer.bias is not None
+    layout = layer.packed_weight.layout
     kernel, counts = counted_kernel()
-    most = kernel.max_rows(dtype)
+    most = kernel.max_rows(layout)
     assert use_packed_gemv(layer, kernel) == 1
     assert has_packed_gemv(layer)
     for rows in range(1, most + 2):
@@ -267,9 +269,9 @@ def test_a_packed_layer_runs_few_rows_through_the_kernel_and_more_through_onednn
             assert within_one_step(got, exact)
         else:
             assert torch.equal(got, onednn_linear(x, layer.packed, layer.bias))
-    assert counts[dtype].calls == MAX_ROWS
+    assert counts[layout.name].calls == MAX_ROWS
     if kernel._amx is not None:
-        assert counts["amx"].calls == (most - MAX_ROWS if dtype == torch.bfloat16 else 0)
+        assert counts["amx"].calls == (most - MAX_ROWS if layout == AMX_LAYOUT else 0)
     assert use_packed_gemv(layer, None) == 0
     assert not has_packed_gemv(layer)
 

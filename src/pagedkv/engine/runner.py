@@ -22,6 +22,7 @@ from pagedkv.interfaces import PagedStore, StoreConfig
 from pagedkv.model.fused_norms import FusedNorms, has_fused_norms, use_fused_norms
 from pagedkv.model.loader import load_model
 from pagedkv.model.packed_gemv import PackedGemv, has_packed_gemv, use_packed_gemv
+from pagedkv.model.packed_layout import LAYOUTS
 from pagedkv.model.packing import is_packed, pack_linear_weights, weight_nbytes
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.model.step_attention import PagedStepAttention, RecomputeStepAttention, StepAttention
@@ -119,7 +120,7 @@ class ModelRunner:
             raise InvalidRequest(
                 "packed_gemv: no linear layer holds a weight packed in a layout the kernel "
                 "reads (pack_weights off, compile on, or a dtype or device oneDNN does not "
-                "pack, or a layout other than AB16b64a and AB16b32a2b)"
+                f"pack, or a layout other than {', '.join(layout.name for layout in LAYOUTS)})"
             )
 
     def _retain_freed_memory(self, device: torch.device) -> None:

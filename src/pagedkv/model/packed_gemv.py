@@ -14,7 +14,10 @@ one read from memory, one row:
 | bfloat16 | 15-18 GB/s     | 25-28 GB/s                |
 
 (two rows: 17 against 23 GB/s in float32, 15 against 22 in bfloat16; four rows: 17 against 18,
-14 against 20). With more rows oneDNN's AMX kernel still streams the bfloat16 weight slowly:
+14 against 20). On a two-core Zen 4, where oneDNN packs bfloat16 in 64-output blocks, one row
+streamed at 25 GB/s through oneDNN and 31-33 GB/s here (float32: 26 against 34 GB/s).
+
+With more rows oneDNN's AMX kernel still streams the bfloat16 weight slowly:
 the same weights, one run, machine loaded (both kernels at 10-16 GB/s; a plain sum read
 11.8 GB/s):
 
@@ -42,7 +45,7 @@ import torch
 from torch import nn
 
 from pagedkv.model.layers import Linear
-from pagedkv.model.packed_layout import PackedWeight
+from pagedkv.model.packed_layout import AMX_LAYOUT, BlockedLayout, PackedWeight
 from pagedkv.native.build import BuildFailure, load_library
 
 #: The kernel's C source, shipped with the package.
@@ -75,9 +78,14 @@ class PackedGemv:
     here only if :meth:`takes` accepts it (:class:`~pagedkv.model.layers.Linear` asks first)."""
 
     def __init__(self, library: ctypes.CDLL, amx: ctypes.CDLL | None = None) -> None:
-        self._entries: dict[torch.dtype, Any] = {
-            dtype: _entry(library, name)
-            for dtype, name in ((torch.float32, "gemv_f32"), (torch.bfloat16, "gemv_bf16"))
+        #: The entry point of each layout the kernel reads, by the layout's name.
+        self._entries: dict[str, Any] = {
+            layout: _entry(library, name)
+            for layout, name in (
+                ("AB16b64a", "gemv_f32"),
+                ("AB16b32a2b", "gemv_bf16"),
+                ("AB16b64a2b", "gemv_bf16_o64"),
+            )
         }
         #: The AMX entry point, or None where the CPU (or Linux) gives no tiles.
         self._amx: Any = None
@@ -98,13 +106,14 @@ class PackedGemv:
         amx = load_library(AMX_SOURCE, folder, extra_flags)
         return cls(library, None if isinstance(amx, BuildFailure) else amx)
 
-    def max_rows(self, dtype: torch.dtype) -> int:
-        """The most rows a product of ``dtype`` may have to run here."""
-        return AMX_ROWS if dtype == torch.bfloat16 and self._amx is not None else MAX_ROWS
+    def max_rows(self, layout: BlockedLayout) -> int:
+        """The most rows a product with a weight in ``layout`` may have to run here."""
+        amx = layout.name == AMX_LAYOUT.name and self._amx is not None
+        return AMX_ROWS if amx else MAX_ROWS
 
     def reads(self, weight: PackedWeight | None) -> bool:
         """Whether the kernel reads ``weight``'s layout (``None``: a layout not known)."""
-        return weight is not None and weight.layout.dtype in self._entries
+        return weight is not None and weight.layout.name in self._entries
 
     def takes(self, x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> bool:
         """Whether the product of ``x`` ``[..., in]`` with ``weight`` runs here: at most
@@ -115,7 +124,7 @@ class PackedGemv:
             x.dtype == dtype
             and x.device.type == "cpu"
             and x.stride(-1) == 1
-            and x.numel() <= self.max_rows(dtype) * x.shape[-1]
+            and x.numel() <= self.max_rows(weight.layout) * x.shape[-1]
             and (bias is None or bias.dtype == dtype)
             and not torch.compiler.is_compiling()
         )
@@ -136,11 +145,12 @@ class PackedGemv:
         # Every tensor whose pointer the kernel reads is held by a name until it returns.
         bias = None if bias is None else bias.detach().contiguous()
         out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
-        dtype = weight.layout.dtype
-        most = self.max_rows(dtype)
+        layout = weight.layout
+        most = self.max_rows(layout)
         if rows.shape[0] > 0:
             few = rows.shape[0] <= MAX_ROWS
-            entry = self._entries[dtype] if few else self._amx if dtype == torch.bfloat16 else None
+            amx = self._amx if layout.name == AMX_LAYOUT.name else None
+            entry = self._entries[layout.name] if few else amx
             failed = entry is None or entry(
                 weight.address,
                 rows.data_ptr(),
@@ -155,7 +165,7 @@ class PackedGemv:
             )
             if failed:
                 raise ValueError(
-                    f"the packed product of {dtype} takes 1 to {most} rows, not "
+                    f"the packed product of {layout.name} takes 1 to {most} rows, not "
                     f"{rows.shape[0]}, or its scratch could not be allocated"
                 )
         return out.reshape(*x.shape[:-1], out_features)

@@ -54,12 +54,18 @@ class BlockedLayout:
         return blocks.permute(0, 2, 3, 1, 4).contiguous()
 
 
-#: The layouts oneDNN packs float32 and bfloat16 weights in for AVX-512 and AMX kernels
-#: (products of many rows), and the only ones :mod:`pagedkv.model.packed_gemv` reads.
+#: The layouts oneDNN packs float32 and bfloat16 weights in for AVX-512 kernels (products of
+#: many rows), and the only ones :mod:`pagedkv.model.packed_gemv` reads: bfloat16 in 32-output
+#: blocks where the CPU has AMX, in 64-output blocks where it has a bfloat16 dot product but
+#: no AMX (as AMD's Zen 4).
 LAYOUTS = (
     BlockedLayout(torch.float32, 64, 16, 1, "AB16b64a"),
     BlockedLayout(torch.bfloat16, 32, 32, 2, "AB16b32a2b"),
+    BlockedLayout(torch.bfloat16, 64, 32, 2, "AB16b64a2b"),
 )
+
+#: The bfloat16 layout the AMX kernel reads.
+AMX_LAYOUT = LAYOUTS[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,9 @@
  * outermost, each block's input blocks after it, so one block of outputs reads one contiguous
  * run of memory; inside a block, for each group of PAIR consecutive inputs, the BLOCK_OUT
  * outputs' PAIR weights side by side. Float32: 64 outputs by 16 inputs, PAIR 1 ("AB16b64a");
- * bfloat16: 32 outputs by 32 inputs, PAIR 2 ("AB16b32a2b", the pairs a bfloat16 dot product
- * reads). Both dimensions are padded with zeros to whole blocks.
+ * bfloat16: 32 or 64 outputs by 32 inputs, PAIR 2 (the pairs a bfloat16 dot product reads;
+ * "AB16b32a2b" where the CPU has AMX, "AB16b64a2b" where it has no AMX). Both dimensions are
+ * padded with zeros to whole blocks.
  *
  * Why not oneDNN's own kernel: for one to a few rows the product only streams the weight, and
  * oneDNN's reads each weight on one stream per thread. Here each thread reads STREAMS output
@@ -41,6 +42,8 @@
 #define F32_OUT 64
 #define F32_IN 16
 #define BF16_OUT 32
+/* The widest bfloat16 output block a layout has ("AB16b64a2b"). */
+#define BF16_MAX_OUT 64
 #define BF16_IN 32
 
 static inline int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
@@ -109,70 +112,78 @@ int gemv_f32(const float *weight, const float *x, int64_t x_stride, const float 
     return 0;
 }
 
-/* Bfloat16: `count` output blocks from `first`; acc[s][r][2 * o + p] holds output o's sum
- * over the inputs of parity p. `x` holds each row's padded inputs, as bfloat16 pairs. */
+/* Bfloat16: `count` output blocks of `block_out` outputs from `first`; acc[s][r][o] holds
+ * output o's sum. `x` holds each row's padded inputs, as bfloat16 pairs. */
 INLINE void bf16_blocks(const uint16_t *weight, const uint16_t *x, int64_t padded_in,
-                        int64_t rows, int64_t first, int count,
-                        float acc[STREAMS][MAX_ROWS][2 * BF16_OUT]) {
+                        int64_t rows, int block_out, int64_t first, int count,
+                        float acc[STREAMS][MAX_ROWS][2 * BF16_MAX_OUT]) {
     const uint16_t *block[STREAMS];
-    for (int s = 0; s < count; ++s) block[s] = weight + (first + s) * padded_in * BF16_OUT;
+    for (int s = 0; s < count; ++s) block[s] = weight + (first + s) * padded_in * block_out;
 #if BF16_DOT_PRODUCT
     /* One dot product of 32 pairs: 16 outputs' sums of two products, into 16 float32 lanes
-     * whose even and odd parities are not separated (acc[..][0..31] holds the 32 outputs). */
-    __m512 sums[STREAMS][MAX_ROWS][2];
+     * whose even and odd parities are not separated; a block's pairs of one input pair are
+     * block_out / 16 such vectors side by side. */
+    enum { LANES = 16 };
+    const int vectors = block_out / LANES;
+    __m512 sums[STREAMS][MAX_ROWS][BF16_MAX_OUT / LANES];
     for (int s = 0; s < STREAMS; ++s)
-        for (int r = 0; r < MAX_ROWS; ++r) sums[s][r][0] = sums[s][r][1] = _mm512_setzero_ps();
+        for (int r = 0; r < MAX_ROWS; ++r)
+            for (int q = 0; q < BF16_MAX_OUT / LANES; ++q) sums[s][r][q] = _mm512_setzero_ps();
     const uint32_t *pairs = (const uint32_t *)x;
     for (int64_t i = 0; i < padded_in / 2; ++i)
         for (int s = 0; s < count; ++s) {
-            const uint16_t *w = block[s] + i * 2 * BF16_OUT;
-            const __m512bh lo = (__m512bh)_mm512_loadu_si512(w);
-            const __m512bh hi = (__m512bh)_mm512_loadu_si512(w + BF16_OUT);
+            const uint16_t *w = block[s] + i * 2 * block_out;
+            __m512bh wv[BF16_MAX_OUT / LANES];
+            for (int q = 0; q < vectors; ++q)
+                wv[q] = (__m512bh)_mm512_loadu_si512(w + q * 2 * LANES);
             for (int64_t r = 0; r < rows; ++r) {
                 const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)pairs[r * padded_in / 2 + i]);
-                sums[s][r][0] = _mm512_dpbf16_ps(sums[s][r][0], lo, xv);
-                sums[s][r][1] = _mm512_dpbf16_ps(sums[s][r][1], hi, xv);
+                for (int q = 0; q < vectors; ++q)
+                    sums[s][r][q] = _mm512_dpbf16_ps(sums[s][r][q], wv[q], xv);
             }
         }
     for (int s = 0; s < count; ++s)
-        for (int64_t r = 0; r < rows; ++r) {
-            _mm512_storeu_ps(acc[s][r], sums[s][r][0]);
-            _mm512_storeu_ps(acc[s][r] + 16, sums[s][r][1]);
-        }
+        for (int64_t r = 0; r < rows; ++r)
+            for (int q = 0; q < vectors; ++q) _mm512_storeu_ps(acc[s][r] + q * LANES, sums[s][r][q]);
 #else
-    float pair_sums[2 * BF16_OUT];
+    float pair_sums[BF16_MAX_OUT];
     for (int s = 0; s < count; ++s)
-        for (int64_t r = 0; r < rows; ++r) memset(acc[s][r], 0, sizeof pair_sums);
+        for (int64_t r = 0; r < rows; ++r) memset(acc[s][r], 0, sizeof(float) * 2 * (size_t)block_out);
     for (int64_t i = 0; i < padded_in; i += 2)
         for (int s = 0; s < count; ++s) {
-            const uint16_t *w = block[s] + i * BF16_OUT;
-            float wf[2 * BF16_OUT];
+            const uint16_t *w = block[s] + i * block_out;
+            float wf[2 * BF16_MAX_OUT];
 #pragma omp simd
-            for (int j = 0; j < 2 * BF16_OUT; ++j) wf[j] = from_bf16(w[j]);
+            for (int j = 0; j < 2 * block_out; ++j) wf[j] = from_bf16(w[j]);
             for (int64_t r = 0; r < rows; ++r) {
                 const float x0 = from_bf16(x[r * padded_in + i]);
                 const float x1 = from_bf16(x[r * padded_in + i + 1]);
                 float *a = acc[s][r];
 #pragma omp simd
-                for (int j = 0; j < 2 * BF16_OUT; ++j) a[j] += ((j & 1) ? x1 : x0) * wf[j];
+                for (int j = 0; j < 2 * block_out; ++j) a[j] += ((j & 1) ? x1 : x0) * wf[j];
             }
         }
-    /* Fold the parities, so acc[..][0..31] holds the 32 outputs as in the path above. */
+    /* Fold the parities, so acc[..][0..block_out) holds the outputs as in the path above. */
     for (int s = 0; s < count; ++s)
         for (int64_t r = 0; r < rows; ++r) {
-            for (int o = 0; o < BF16_OUT; ++o) pair_sums[o] = acc[s][r][2 * o] + acc[s][r][2 * o + 1];
-            memcpy(acc[s][r], pair_sums, sizeof(float) * BF16_OUT);
+            for (int o = 0; o < block_out; ++o) pair_sums[o] = acc[s][r][2 * o] + acc[s][r][2 * o + 1];
+            memcpy(acc[s][r], pair_sums, sizeof(float) * (size_t)block_out);
         }
 #endif
 }
 
-/* The bfloat16 form of gemv_f32: bfloat16 x, bias and out, sums in float32. */
-int gemv_bf16(const uint16_t *weight, const uint16_t *x, int64_t x_stride, const uint16_t *bias,
-              uint16_t *out, int64_t out_stride, int64_t rows, int64_t out_features,
-              int64_t in_features, int threads) {
+/* The bfloat16 form of gemv_f32 for a layout of `block_out`-output blocks (a constant in
+ * each caller's inlined copy): bfloat16 x, bias and out, sums in float32. Both layouts read
+ * STREAMS blocks at once: on a two-core Zen 4, 64-output blocks read 2 at a time streamed no
+ * faster at two to four rows (31 GB/s either way, 113 weights of the 0.6B shape) and slower
+ * at one. */
+INLINE int gemv_bf16_blocks_of(const uint16_t *weight, const uint16_t *x, int64_t x_stride,
+                               const uint16_t *bias, uint16_t *out, int64_t out_stride,
+                               int64_t rows, int64_t out_features, int64_t in_features,
+                               int threads, int block_out) {
     if (rows < 1 || rows > MAX_ROWS) return 1;
     const int64_t padded_in = blocks_of(in_features, BF16_IN) * BF16_IN;
-    const int64_t out_blocks = blocks_of(out_features, BF16_OUT);
+    const int64_t out_blocks = blocks_of(out_features, block_out);
     uint16_t *xp = calloc((size_t)(rows * padded_in), sizeof(uint16_t));
     if (xp == NULL) return 1;
     for (int64_t r = 0; r < rows; ++r)
@@ -180,13 +191,13 @@ int gemv_bf16(const uint16_t *weight, const uint16_t *x, int64_t x_stride, const
     const int64_t groups = blocks_of(out_blocks, STREAMS);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t g = 0; g < groups; ++g) {
-        float acc[STREAMS][MAX_ROWS][2 * BF16_OUT];
+        float acc[STREAMS][MAX_ROWS][2 * BF16_MAX_OUT];
         const int64_t first = g * STREAMS;
         const int count = (int)(out_blocks - first < STREAMS ? out_blocks - first : STREAMS);
-        WITH_CONSTANT_ROWS(bf16_blocks, weight, xp, padded_in, rows, first, count, acc)
+        WITH_CONSTANT_ROWS(bf16_blocks, weight, xp, padded_in, rows, block_out, first, count, acc)
         for (int s = 0; s < count; ++s) {
-            const int64_t base = (first + s) * BF16_OUT;
-            const int64_t n = out_features - base < BF16_OUT ? out_features - base : BF16_OUT;
+            const int64_t base = (first + s) * block_out;
+            const int64_t n = out_features - base < block_out ? out_features - base : block_out;
             for (int64_t r = 0; r < rows; ++r)
                 for (int64_t o = 0; o < n; ++o) {
                     const float b = bias ? from_bf16(bias[base + o]) : 0.0f;
@@ -196,4 +207,21 @@ int gemv_bf16(const uint16_t *weight, const uint16_t *x, int64_t x_stride, const
     }
     free(xp);
     return 0;
+}
+
+/* Bfloat16 weights in "AB16b32a2b" (32-output blocks: oneDNN's layout where the CPU has AMX). */
+int gemv_bf16(const uint16_t *weight, const uint16_t *x, int64_t x_stride, const uint16_t *bias,
+              uint16_t *out, int64_t out_stride, int64_t rows, int64_t out_features,
+              int64_t in_features, int threads) {
+    return gemv_bf16_blocks_of(weight, x, x_stride, bias, out, out_stride, rows, out_features,
+                               in_features, threads, BF16_OUT);
+}
+
+/* Bfloat16 weights in "AB16b64a2b" (64-output blocks: oneDNN's layout where the CPU has a
+ * bfloat16 dot product but no AMX, as AMD's Zen 4). */
+int gemv_bf16_o64(const uint16_t *weight, const uint16_t *x, int64_t x_stride,
+                  const uint16_t *bias, uint16_t *out, int64_t out_stride, int64_t rows,
+                  int64_t out_features, int64_t in_features, int threads) {
+    return gemv_bf16_blocks_of(weight, x, x_stride, bias, out, out_stride, rows, out_features,
+                               in_features, threads, 2 * BF16_OUT);
 }
