@@ -35,6 +35,12 @@ from pagedkv.plan import StepPlan
 class Qwen3DecoderLayer(nn.Module):
     """Pre-norm residual block: ``h += attn(norm(h)); h += mlp(norm(h))``.
 
+    The residual stream is passed as two terms, as vLLM passes it: a layer returns its MLP's
+    output and the stream before it, and the next norm adds them in the same call that
+    normalises the sum (:meth:`~pagedkv.model.layers.RMSNorm.add_forward`), so no layer
+    spends a separate addition on it. The sum is rounded to the model's dtype as transformers
+    rounds ``h + mlp(...)``.
+
     The MLP is the sparse MoE block on a Qwen3-MoE model's sparse layers
     (:meth:`~pagedkv.model.config.MoeConfig.is_sparse`), the dense SwiGLU MLP elsewhere.
     """
@@ -57,15 +63,22 @@ class Qwen3DecoderLayer(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,
+        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         attention: StepAttention,
-    ) -> torch.Tensor:
-        """``hidden``: ``[T, hidden_size]``; returns the same shape."""
-        attended = self.self_attn(self.input_layernorm(hidden), cos, sin, attention)
-        hidden, normed = self.post_attention_layernorm.add_forward(hidden, attended)
-        out: torch.Tensor = hidden + self.mlp(normed)
-        return out
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden`` ``[T, hidden_size]``: the previous layer's output, which adds to
+        ``residual`` (the stream before it); for the first layer the embeddings, with
+        ``residual`` ``None``. Returns this layer's ``(output, residual)``, same shape."""
+        if residual is None:
+            residual, normed = hidden, self.input_layernorm(hidden)
+        else:
+            residual, normed = self.input_layernorm.add_forward(hidden, residual)
+        attended = self.self_attn(normed, cos, sin, attention)
+        residual, normed = self.post_attention_layernorm.add_forward(attended, residual)
+        out: torch.Tensor = self.mlp(normed)
+        return out, residual
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -165,9 +178,16 @@ class Qwen3ForCausalLM(nn.Module):
         """
         hidden = self.model.embed_tokens(plan.input_ids)
         cos, sin = self.rotary(plan.positions, hidden.dtype)
+        residual: torch.Tensor | None = None
         for layer in self.model.layers:
-            hidden = layer(hidden, cos, sin, attention)
-        hidden = self.model.norm(hidden.index_select(0, plan.logits_indices))
+            hidden, residual = layer(hidden, residual, cos, sin, attention)
+        rows = plan.logits_indices
+        if residual is None:
+            hidden = self.model.norm(hidden.index_select(0, rows))
+        else:
+            _, hidden = self.model.norm.add_forward(
+                hidden.index_select(0, rows), residual.index_select(0, rows)
+            )
         head = self.lm_head if self.lm_head is not None else self.packed_head
         if head is not None:
             logits: torch.Tensor = head(hidden).to(torch.float32)
