@@ -220,21 +220,34 @@ def ragged_attention(
     ``values`` ``[N, kv_heads, D]`` (``kv_heads`` divides ``heads``); decode groups of at least
     ``decode.min_seqs`` sequences through ``decode`` when given
     (:mod:`pagedkv.store.decode_attention`), others gathered into SDPA.
-    Returns ``[T, heads, D]`` in ``query``'s dtype. No host synchronisation."""
+    Returns ``[T, heads, D]`` in ``query``'s dtype (a group covering every row returns its
+    own result, uncopied). No host synchronisation."""
+    groups = layout.groups
+    if len(groups) == 1 and groups[0].span == (0, layout.num_rows):
+        return _group_attention(query, keys, values, groups[0], scale, decode)
     out = torch.empty_like(query)
-    for group in layout.groups:
-        lengths = group.context_lens
-        if decode is not None and lengths is not None and group.num_seqs >= decode.min_seqs:
-            attended = decode(
-                _query_rows(query, group), keys, values, group.kv_index, lengths, scale
-            )
-        else:
-            attended = _attend(query, keys, values, group, scale)
+    for group in groups:
+        attended = _group_attention(query, keys, values, group, scale, decode)
         if group.span is not None:
             out[group.span[0] : group.span[1]] = attended
         else:
             out.index_copy_(0, group.rows, attended)
     return out
+
+
+def _group_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    group: AttentionGroup,
+    scale: float,
+    decode: DecodeKernel | None,
+) -> torch.Tensor:
+    """One group's rows attended: through ``decode`` where it takes the group, else gathered."""
+    lengths = group.context_lens
+    if decode is not None and lengths is not None and group.num_seqs >= decode.min_seqs:
+        return decode(_query_rows(query, group), keys, values, group.kv_index, lengths, scale)
+    return _attend(query, keys, values, group, scale)
 
 
 def _attend(
