@@ -203,6 +203,26 @@ def test_the_c_kernel_reads_only_each_context(dtype: torch.dtype, head_dim: int)
             torch.testing.assert_close(got[row].double(), want, atol=tolerance, rtol=0)
 
 
+@pytest.mark.spec("PST-009")
+@pytest.mark.parametrize("pool", [torch.float32, torch.bfloat16])
+def test_a_bfloat16_query_is_read_and_answered_in_bfloat16(pool: torch.dtype) -> None:
+    """Bit for bit the float32 call on the converted query, rounded to bfloat16; a float32
+    query is answered in float32, a float16 one in float16."""
+    kernel = NativeDecode.build(pool)
+    assert isinstance(kernel, NativeDecode)
+    generator = torch.Generator().manual_seed(2)
+    keys, values = (torch.randn(64, 2, 32, generator=generator).to(pool) for _ in range(2))
+    kv_index = torch.randperm(64, generator=generator)[:60].view(3, 20)
+    lengths = torch.tensor([20, 3, 11])
+    query = torch.randn(3, 4, 32, generator=generator)
+    as_float32 = kernel(query.bfloat16().float(), keys, values, kv_index, lengths, 0.2)
+    got = kernel(query.bfloat16(), keys, values, kv_index, lengths, 0.2)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, as_float32.bfloat16())
+    assert as_float32.dtype == torch.float32
+    assert kernel(query.half(), keys, values, kv_index, lengths, 0.2).dtype == torch.float16
+
+
 def test_this_machine_has_the_compilers_the_fused_paths_need() -> None:
     """The default stores here are fused, so the suite checks the fused paths, not the
     fallback."""

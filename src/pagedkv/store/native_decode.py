@@ -48,9 +48,13 @@ SOURCE = Path(__file__).with_name("native") / "paged_decode.c"
 #: Pool dtypes the kernel reads: the entry point's first argument for each.
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
-#: The entry point's argument types: dtype code, six pointers, five sizes, scale, threads.
+#: The entry point's argument types: the pool's and the query's dtype codes, six pointers,
+#: five sizes, scale, threads.
 _ARGTYPES: list[Any] = (
-    [ctypes.c_int] + [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int]
+    [ctypes.c_int] * 2
+    + [ctypes.c_void_p] * 6
+    + [ctypes.c_int64] * 5
+    + [ctypes.c_float, ctypes.c_int]
 )
 
 
@@ -90,12 +94,15 @@ class NativeDecode:
             return decode_attention(query, keys, values, kv_index, lengths, scale)
         n, width = kv_index.shape
         heads, dim = query.shape[1], query.shape[2]
-        q = query.to(torch.float32).contiguous()
+        # A bfloat16 query is read, and its result written, by the kernel itself (PST-009).
+        query_code = DTYPE_CODES.get(query.dtype, 0)
+        q = (query if query_code else query.to(torch.float32)).contiguous()
         index = kv_index.contiguous()
         lens = lengths.to(torch.int64).contiguous()
-        out = torch.empty(n, heads, dim, dtype=torch.float32)
+        out = torch.empty(n, heads, dim, dtype=q.dtype)
         failed = self._entry(
             self._code,
+            query_code,
             q.data_ptr(),
             keys.data_ptr(),
             values.data_ptr(),
@@ -112,4 +119,4 @@ class NativeDecode:
         )
         if failed:
             raise MemoryError("paged decode attention could not allocate its score buffers")
-        return out.to(query.dtype)
+        return out if out.dtype == query.dtype else out.to(query.dtype)

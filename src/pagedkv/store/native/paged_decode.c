@@ -8,15 +8,16 @@
  * read, so stale slots cannot reach the result. Every key and value row is read once, in its
  * own dtype, and converted to float32 as it is used.
  *
- * Shapes (row-major, contiguous): query [n, heads, dim] float32; keys and values
+ * Shapes (row-major, contiguous): query [n, heads, dim] float32 or bfloat16; keys and values
  * [slots, kv_heads, dim] of the pool's dtype; kv_index [n, width] int64; lengths [n] int64,
- * each in 1..width; out [n, heads, dim] float32. heads is a multiple of kv_heads. The caller
+ * each in 1..width; out [n, heads, dim] of the query's dtype. heads is a multiple of kv_heads. The caller
  * checks all of it; this file trusts it.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "fast_exp.h"
 
 /* How many positions ahead a task asks for its next key and value rows. Rows are reached
@@ -198,9 +199,9 @@ DEFINE_TASK(task16_bfloat16, uint16_t, dot16_bfloat16, axpy16_bfloat16, softmax1
  * sequence's heads where there are sequences enough to keep every thread busy (four tasks
  * per thread), fewer where not. Returns 0, or 1 if a scratch buffer could not be allocated
  * (then `out` is incomplete). */
-static int decode(task_fn task, const float *query, const void *keys, const void *values,
-                  const int64_t *kv_index, const int64_t *lengths, float *out,
-                  int64_t num_seqs, int64_t width, int64_t heads, int64_t kv_heads,
+static int decode(task_fn task, int query_bfloat16, const void *query, const void *keys,
+                  const void *values, const int64_t *kv_index, const int64_t *lengths,
+                  void *out, int64_t num_seqs, int64_t width, int64_t heads, int64_t kv_heads,
                   int64_t dim, float scale, int threads) {
     int64_t group = heads / kv_heads, span = kv_heads;
     while (span % 2 == 0 && num_seqs * (kv_heads / span) < 4 * (int64_t)threads) span /= 2;
@@ -209,30 +210,49 @@ static int decode(task_fn task, const float *query, const void *keys, const void
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(threads) reduction(| : failed)
     for (int64_t b = 0; b < num_seqs; ++b) {
         for (int64_t part = 0; part < parts; ++part) {
-            int64_t len = lengths[b], h0 = part * span;
-            float *scratch = malloc(sizeof(float) * (size_t)(span * group * (len + dim) + dim));
+            int64_t len = lengths[b], h0 = part * span, rows = span * group;
+            int64_t task_floats = rows * (len + dim) + dim;
+            int64_t io_floats = query_bfloat16 ? 2 * rows * dim : 0;
+            float *scratch = malloc(sizeof(float) * (size_t)(task_floats + io_floats));
             if (scratch == NULL) {
                 failed = 1;
                 continue;
             }
             int64_t first = (b * heads + h0 * group) * dim;
-            task(query + first, keys, values, kv_index + b * width, len, out + first, h0, span,
-                 kv_heads, group, dim, scale, scratch);
+            const float *q = (const float *)query + first;
+            float *o = (float *)out + first;
+            if (query_bfloat16) {
+                /* The span's query rows converted exactly, its result rounded once at the end:
+                 * bit for bit what converting the whole query and result around the call
+                 * gives, without two more passes over them. */
+                float *q32 = scratch + task_floats;
+                const uint16_t *q16 = (const uint16_t *)query + first;
+                for (int64_t i = 0; i < rows * dim; ++i) q32[i] = from_bf16(q16[i]);
+                q = q32;
+                o = q32 + rows * dim;
+            }
+            task(q, keys, values, kv_index + b * width, len, o, h0, span, kv_heads, group, dim,
+                 scale, scratch);
+            if (query_bfloat16) {
+                uint16_t *o16 = (uint16_t *)out + first;
+                for (int64_t i = 0; i < rows * dim; ++i) o16[i] = to_bf16(o[i]);
+            }
             free(scratch);
         }
     }
     return failed;
 }
 
-/* The entry point: `bfloat16` nonzero for a bfloat16 pool, zero for a float32 one. */
-int paged_decode(int bfloat16, const float *query, const void *keys, const void *values,
-                 const int64_t *kv_index, const int64_t *lengths, float *out, int64_t num_seqs,
-                 int64_t width, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
-                 int threads) {
+/* The entry point: `bfloat16` nonzero for a bfloat16 pool, zero for a float32 one;
+ * `query_bfloat16` nonzero for a bfloat16 query and result, zero for float32 ones. */
+int paged_decode(int bfloat16, int query_bfloat16, const void *query, const void *keys,
+                 const void *values, const int64_t *kv_index, const int64_t *lengths, void *out,
+                 int64_t num_seqs, int64_t width, int64_t heads, int64_t kv_heads, int64_t dim,
+                 float scale, int threads) {
     task_fn task = bfloat16 ? task_bfloat16 : task_float32;
 #if defined(__AVX512F__)
     if (dim % 16 == 0) task = bfloat16 ? task16_bfloat16 : task16_float32;
 #endif
-    return decode(task, query, keys, values, kv_index, lengths, out, num_seqs, width, heads,
-                  kv_heads, dim, scale, threads);
+    return decode(task, query_bfloat16, query, keys, values, kv_index, lengths, out, num_seqs,
+                  width, heads, kv_heads, dim, scale, threads);
 }
