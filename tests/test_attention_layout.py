@@ -179,11 +179,12 @@ def test_metadata_is_immutable_and_used_in_any_order() -> None:
 
 @pytest.mark.spec("PST-015", "PST-012")
 def test_equal_shaped_chunks_share_calls_a_bounded_number_at_a_time() -> None:
-    """Decode tokens of close lengths form one group; prefill chunks of one shape share groups
-    of at most GROUP_ROWS rows; other shapes run alone. The grouped result is the dense one."""
+    """Decode tokens of close lengths form one group (where the decode gathers: PST-017);
+    prefill chunks of one shape share groups of at most GROUP_ROWS rows; other shapes run
+    alone. The grouped result is the dense one."""
     q_lens = [1, 8, 8, 1, 8, 6, 8, 1, *([2] * 70)]
     contexts = [9, 8, 8, 3, 8, 12, 8, 7, *([2] * 70)]
-    store = filled_store(layers=1)
+    store = filled_store(layers=1, fused_decode=False)
     batch = ragged_batch(q_lens, contexts)
     metadata = store.prepare(batch)
     assert isinstance(metadata, PagedAttentionMetadata)
@@ -233,7 +234,7 @@ def test_decode_gathers_are_mostly_real_positions(seed: int) -> None:
     each sequence's dense attention."""
     rng = random.Random(seed)
     contexts = [rng.choice([1, 2, 5, 16, 17, 40, 100, 300]) + rng.randrange(3) for _ in range(24)]
-    store = filled_store(layers=1, num_pages=2048)
+    store = filled_store(layers=1, num_pages=2048, fused_decode=False)
     batch = ragged_batch([1] * len(contexts), contexts)
     metadata = store.prepare(batch)
     assert isinstance(metadata, PagedAttentionMetadata)
@@ -247,6 +248,35 @@ def test_decode_gathers_are_mostly_real_positions(seed: int) -> None:
     query = torch.randn(len(contexts), 4, 8)
     out = store.attention(0, query, metadata, 0.3)
     torch.testing.assert_close(out.double(), expected(store, 0, query, batch), atol=ATOL, rtol=0)
+
+
+@pytest.mark.spec("PST-017", "PST-009")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_kernel_reading_only_each_context_takes_every_decode_in_one_group(dtype: str) -> None:
+    """Contexts from 1 to 300 (far below the gathered path's fill share of each other) beside a
+    prefill chunk: the C kernel's store lays all the decodes out as one group, and each
+    sequence's result is still its dense attention; the gathered store splits them."""
+    contexts = [300, 1, 17, 5, 100, 2, 40, 9]
+    q_lens = [1, 1, 1, 1, 4, 1, 1, 1]
+    batch = ragged_batch(q_lens, contexts)
+    fused = filled_store(layers=1, num_pages=256, dtype=dtype)
+    assert fused._decode is not None
+    assert fused._decode.reads_each_context
+    metadata = fused.prepare(batch)
+    assert isinstance(metadata, PagedAttentionMetadata)
+    decodes = [g for g in metadata.layout.groups if g.context_lens is not None]
+    assert len(decodes) == 1
+    assert sorted(decodes[0].rows.tolist()) == [0, 1, 2, 3, 8, 9, 10]
+    assert decodes[0].width == 300
+    query = torch.randn(sum(q_lens), 4, 8).to(getattr(torch, dtype))
+    out = fused.attention(0, query, metadata, 0.3)
+    tolerance = ATOL if dtype == "float32" else 2e-2
+    want = expected(fused, 0, query, batch)
+    torch.testing.assert_close(out.double(), want, atol=tolerance, rtol=0)
+    gathered = filled_store(layers=1, num_pages=256, dtype=dtype, fused_decode=False)
+    split = gathered.prepare(batch)
+    assert isinstance(split, PagedAttentionMetadata)
+    assert len([g for g in split.layout.groups if g.context_lens is not None]) > 1
 
 
 def test_plan_attention_covers_every_row_once() -> None:
@@ -282,7 +312,7 @@ def test_a_context_exactly_at_the_fill_share_joins_the_longer_group() -> None:
     longest, at_fill, below = 10, 7, 6
     assert at_fill == DECODE_FILL * longest  # the boundary, exact in floating point
     contexts = [at_fill, longest, below]
-    store = filled_store(layers=1)
+    store = filled_store(layers=1, fused_decode=False)
     batch = ragged_batch([1, 1, 1], contexts)
     metadata = store.prepare(batch)
     assert isinstance(metadata, PagedAttentionMetadata)

@@ -39,6 +39,10 @@ class DecodeKernel(Protocol):
 
     #: Fewest sequences of a group worth this kernel (smaller groups are gathered).
     min_seqs: int
+    #: Whether it reads only each sequence's first ``lengths[b]`` positions, so that a
+    #: group's slot index padded to any width costs no reads: the store then lays every
+    #: decoding sequence of a step out as one group (PST-017).
+    reads_each_context: bool
 
     def __call__(
         self,
@@ -103,6 +107,8 @@ class CompiledDecode:
     #: A lone sequence's gather is small, and the compiled call's own cost (guards and
     #: launch, about 0.15 ms per layer) made float32 batch-1 decode 3-5% slower compiled.
     min_seqs = 2
+    #: The formulation reads every position of the group's width, masking the padding.
+    reads_each_context = False
 
     def __init__(self) -> None:
         self._compiled = torch.compile(decode_attention, dynamic=True)

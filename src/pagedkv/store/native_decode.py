@@ -64,6 +64,8 @@ class NativeDecode:
 
     #: Even one sequence reads faster here than gathered (see the module docstring).
     min_seqs = 1
+    #: Positions at or past a sequence's length are never read.
+    reads_each_context = True
 
     def __init__(self, library: ctypes.CDLL, dtype: torch.dtype) -> None:
         self._entry = library.paged_decode

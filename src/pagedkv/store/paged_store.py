@@ -27,6 +27,7 @@ from pagedkv.store.decode_attention import DecodeKernel
 from pagedkv.store.gather import gather_rows
 from pagedkv.store.native_decode import NativeDecode
 from pagedkv.store.ragged_attention import (
+    DECODE_FILL,
     HALF_DTYPES,
     AttentionLayout,
     plan_attention,
@@ -333,7 +334,11 @@ class TorchPagedStore:
             pages = tables.index_select(0, ids)[:, positions // page_size]
             return pages * page_size + positions % page_size
 
-        layout = plan_attention(starts, contexts, slots_of, device)
+        # Padding a group's slot index costs reads only where the decode gathers (PST-017).
+        ragged = self._decode is not None and self._decode.reads_each_context
+        layout = plan_attention(
+            starts, contexts, slots_of, device, decode_fill=0.0 if ragged else DECODE_FILL
+        )
         return PagedAttentionMetadata(num_slots=self._num_slots, layout=layout)
 
     def attention(
