@@ -18,6 +18,8 @@ from pagedkv.model.loader import load_model
 from pagedkv.model.packed_gemv import (
     AMX_ROWS,
     MAX_ROWS,
+    WIDE_LAYOUT,
+    WIDE_ROWS,
     PackedGemv,
     has_packed_gemv,
     use_packed_gemv,
@@ -50,11 +52,13 @@ BUILDS = [(), ("-DPAGEDKV_PORTABLE",)]
 
 
 def counted_kernel(flags: tuple[str, ...] = ()) -> tuple[PackedGemv, dict[str, Counted]]:
-    """The kernel with every entry point counted: by layout name, and ``"amx"``."""
+    """The kernel with every entry point counted: by layout name, ``"wide"`` and ``"amx"``."""
     kernel = PackedGemv.build(extra_flags=flags)
     assert isinstance(kernel, PackedGemv), kernel
     counts = {name: Counted(entry) for name, entry in kernel._entries.items()}
     kernel._entries = {name: counts[name] for name in kernel._entries}
+    if kernel._wide is not None:
+        counts["wide"] = kernel._wide = Counted(kernel._wide)
     if kernel._amx is not None:
         counts["amx"] = kernel._amx = Counted(kernel._amx)
     return kernel, counts
@@ -146,9 +150,8 @@ def test_the_amx_kernel_computes_bfloat16_products_of_5_to_32_rows(shape: tuple[
     packed = layout.pack(weight)
     blocked = PackedWeight(layout, packed.data_ptr())
     kernel, counts = amx_kernel()
-    assert [kernel.max_rows(other) for other in LAYOUTS] == [
-        AMX_ROWS if other == AMX_LAYOUT else MAX_ROWS for other in LAYOUTS
-    ]
+    assert kernel.max_rows(layout) == AMX_ROWS
+    assert kernel.max_rows(LAYOUTS[0]) == MAX_ROWS
     assert_products(kernel, blocked, weight, bias, range(MAX_ROWS + 1, AMX_ROWS + 1), generator)
     batched = torch.randn(3, 7, in_features, generator=generator).to(torch.bfloat16)
     got = kernel.product(batched, blocked, out_features, None)
@@ -179,6 +182,50 @@ def test_the_amx_kernel_rounds_once_to_nearest_even() -> None:
     assert torch.equal(got, want)
 
 
+WIDE = next(layout for layout in LAYOUTS if layout.name == WIDE_LAYOUT)
+
+
+@pytest.mark.spec("ENG-119")
+@pytest.mark.parametrize("shape", [*SHAPES, (1024, 1024)])
+def test_the_wide_entry_computes_bfloat16_products_of_5_to_8_rows(shape: tuple[int, int]) -> None:
+    """Every row count from 5 to 8 in the 64-output layout, rows further apart than their
+    width, a leading batch dimension, with and without a bias: within one bfloat16 step of
+    the exact product, each in one call of the wide entry."""
+    generator = torch.Generator().manual_seed(sum(shape))
+    out_features, in_features = shape
+    weight = torch.randn(shape, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(out_features, generator=generator).to(torch.bfloat16)
+    packed = WIDE.pack(weight)
+    blocked = PackedWeight(WIDE, packed.data_ptr())
+    kernel, counts = counted_kernel()
+    if kernel._wide is None:
+        pytest.skip("this CPU has no bfloat16 dot product")
+    assert kernel.max_rows(WIDE) == WIDE_ROWS
+    assert_products(kernel, blocked, weight, bias, range(MAX_ROWS + 1, WIDE_ROWS + 1), generator)
+    batched = torch.randn(2, 3, in_features, generator=generator).to(torch.bfloat16)
+    got = kernel.product(batched, blocked, out_features, None)
+    assert got.shape == (2, 3, out_features)
+    assert within_one_step(got, batched.double() @ weight.double().T)
+    assert counts["wide"].calls == 2 * (WIDE_ROWS - MAX_ROWS) + 1
+    assert counts[WIDE.name].calls == 0
+    nine = torch.randn(WIDE_ROWS + 1, in_features).to(torch.bfloat16)
+    assert not kernel.takes(nine, blocked, None)
+
+
+@pytest.mark.spec("ENG-119")
+def test_built_without_the_dot_product_more_than_four_rows_stay_with_onednn() -> None:
+    """Built portable, the wide entry is not offered: bfloat16 products of 5 rows in its
+    layout are not taken, and one sent anyway is refused rather than computed."""
+    blocked = PackedWeight(WIDE, WIDE.pack(torch.randn(64, 32).to(torch.bfloat16)).data_ptr())
+    kernel, _ = counted_kernel(("-DPAGEDKV_PORTABLE",))
+    assert kernel._wide is None
+    assert kernel.max_rows(WIDE) == MAX_ROWS
+    five = torch.randn(MAX_ROWS + 1, 32).to(torch.bfloat16)
+    assert not kernel.takes(five, blocked, None)
+    with pytest.raises(ValueError, match=f"1 to {MAX_ROWS} rows, not {MAX_ROWS + 1}"):
+        kernel.product(five, blocked, 64, None)
+
+
 @pytest.mark.spec("ENG-118")
 def test_without_amx_more_than_four_rows_stay_with_onednn() -> None:
     """Built portable, the AMX kernel reports no tiles: bfloat16 products of 5 rows are not
@@ -197,15 +244,21 @@ def test_without_amx_more_than_four_rows_stay_with_onednn() -> None:
 @pytest.mark.spec("ENG-117", "ENG-118")
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[layout.name for layout in LAYOUTS])
 def test_the_kernel_takes_only_what_it_computes(layout: BlockedLayout) -> None:
-    """At most :meth:`max_rows` rows: more than four only for the AMX kernel's layout, where
-    the CPU has AMX."""
+    """At most :meth:`max_rows` rows: more than four only for the AMX kernel's layout where
+    the CPU has AMX, and for the wide entry's where the kernel has the bfloat16 dot
+    product."""
     dtype = layout.dtype
     weight = torch.randn(64, 32).to(dtype)
     packed = layout.pack(weight)
     blocked = PackedWeight(layout, packed.data_ptr())
     kernel, _ = counted_kernel()
     most = kernel.max_rows(layout)
-    assert most == (AMX_ROWS if layout == AMX_LAYOUT and kernel._amx is not None else MAX_ROWS)
+    if layout == AMX_LAYOUT and kernel._amx is not None:
+        assert most == AMX_ROWS
+    elif layout == WIDE and kernel._wide is not None:
+        assert most == WIDE_ROWS
+    else:
+        assert most == MAX_ROWS
     other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
     assert kernel.takes(torch.randn(most, 32).to(dtype), blocked, None)
     assert not kernel.takes(torch.randn(most + 1, 32).to(dtype), blocked, None)
@@ -272,6 +325,8 @@ def test_a_packed_layer_runs_few_rows_through_the_kernel_and_more_through_onednn
     assert counts[layout.name].calls == MAX_ROWS
     if kernel._amx is not None:
         assert counts["amx"].calls == (most - MAX_ROWS if layout == AMX_LAYOUT else 0)
+    if kernel._wide is not None:
+        assert counts["wide"].calls == (most - MAX_ROWS if layout == WIDE else 0)
     assert use_packed_gemv(layer, None) == 0
     assert not has_packed_gemv(layer)
 

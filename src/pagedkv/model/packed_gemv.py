@@ -1,7 +1,8 @@
 """Products of few rows with a packed weight, read where oneDNN keeps it, by small C kernels
 built on first use by :mod:`pagedkv.native.build`: one to four rows by ``native/packed_gemv.c``
-(ENG-117), and bfloat16 products of 5 to 32 rows on the AMX tiles by ``native/amx_gemm.c``
-where the CPU has them (ENG-118).
+(ENG-117), bfloat16 products of 5 to 32 rows on the AMX tiles by ``native/amx_gemm.c``
+where the CPU has them (ENG-118), and bfloat16 products of 5 to 8 rows with weights in
+oneDNN's layout for a CPU without AMX by the wide entry of ``native/packed_gemv.c`` (ENG-119).
 
 Why: a decode step of a few sequences multiplies a few rows by every weight of the model, so
 it only streams the weights, and oneDNN's kernel streams them below the memory's rate. Measured
@@ -60,6 +61,13 @@ AMX_SOURCE = Path(__file__).with_name("native") / "amx_gemm.c"
 #: The most rows a bfloat16 product may have to run in ``amx_gemm.c`` (its MAX_ROWS).
 AMX_ROWS = 32
 
+#: The most rows a bfloat16 product with a weight in :data:`WIDE_LAYOUT` may have to run in
+#: ``packed_gemv.c``'s wide entry (its WIDE_ROWS), where the CPU has a bfloat16 dot product.
+WIDE_ROWS = 8
+
+#: The layout the wide entry reads: oneDNN's bfloat16 layout on a CPU without AMX.
+WIDE_LAYOUT = "AB16b64a2b"
+
 #: The entry points' argument types: weight, x, x's row stride, bias, out, out's row stride,
 #: rows, out features, in features, threads.
 _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
@@ -87,6 +95,9 @@ class PackedGemv:
                 ("AB16b64a2b", "gemv_bf16_o64"),
             )
         }
+        #: The entry point of 5 to WIDE_ROWS rows in WIDE_LAYOUT, or None where the kernel
+        #: was built without the bfloat16 dot product (ENG-119).
+        self._wide: Any = _entry(library, "gemv_bf16_o64_wide") if library.wide_ready() else None
         #: The AMX entry point, or None where the CPU (or Linux) gives no tiles.
         self._amx: Any = None
         if amx is not None and amx.amx_ready() == 1:
@@ -108,8 +119,11 @@ class PackedGemv:
 
     def max_rows(self, layout: BlockedLayout) -> int:
         """The most rows a product with a weight in ``layout`` may have to run here."""
-        amx = layout.name == AMX_LAYOUT.name and self._amx is not None
-        return AMX_ROWS if amx else MAX_ROWS
+        if layout.name == AMX_LAYOUT.name and self._amx is not None:
+            return AMX_ROWS
+        if layout.name == WIDE_LAYOUT and self._wide is not None:
+            return WIDE_ROWS
+        return MAX_ROWS
 
     def reads(self, weight: PackedWeight | None) -> bool:
         """Whether the kernel reads ``weight``'s layout (``None``: a layout not known)."""
@@ -149,8 +163,8 @@ class PackedGemv:
         most = self.max_rows(layout)
         if rows.shape[0] > 0:
             few = rows.shape[0] <= MAX_ROWS
-            amx = self._amx if layout.name == AMX_LAYOUT.name else None
-            entry = self._entries[layout.name] if few else amx
+            wider = {AMX_LAYOUT.name: self._amx, WIDE_LAYOUT: self._wide}.get(layout.name)
+            entry = self._entries[layout.name] if few else wider
             failed = entry is None or entry(
                 weight.address,
                 rows.data_ptr(),
