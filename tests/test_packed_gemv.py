@@ -18,7 +18,7 @@ from pagedkv.model.loader import load_model
 from pagedkv.model.packed_gemv import (
     AMX_ROWS,
     MAX_ROWS,
-    WIDE_LAYOUT,
+    WIDE_ENTRIES,
     WIDE_ROWS,
     PackedGemv,
     has_packed_gemv,
@@ -52,13 +52,14 @@ BUILDS = [(), ("-DPAGEDKV_PORTABLE",)]
 
 
 def counted_kernel(flags: tuple[str, ...] = ()) -> tuple[PackedGemv, dict[str, Counted]]:
-    """The kernel with every entry point counted: by layout name, ``"wide"`` and ``"amx"``."""
+    """The kernel with every entry point counted: by layout name, ``"wide " + name`` and
+    ``"amx"``."""
     kernel = PackedGemv.build(extra_flags=flags)
     assert isinstance(kernel, PackedGemv), kernel
     counts = {name: Counted(entry) for name, entry in kernel._entries.items()}
     kernel._entries = {name: counts[name] for name in kernel._entries}
-    if kernel._wide is not None:
-        counts["wide"] = kernel._wide = Counted(kernel._wide)
+    for name, entry in kernel._wide.items():
+        counts[f"wide {name}"] = kernel._wide[name] = Counted(entry)
     if kernel._amx is not None:
         counts["amx"] = kernel._amx = Counted(kernel._amx)
     return kernel, counts
@@ -182,45 +183,50 @@ def test_the_amx_kernel_rounds_once_to_nearest_even() -> None:
     assert torch.equal(got, want)
 
 
-WIDE = next(layout for layout in LAYOUTS if layout.name == WIDE_LAYOUT)
+WIDE = [layout for layout in LAYOUTS if layout.name in WIDE_ENTRIES]
 
 
 @pytest.mark.spec("ENG-119")
+@pytest.mark.parametrize("layout", WIDE, ids=[layout.name for layout in WIDE])
 @pytest.mark.parametrize("shape", [*SHAPES, (1024, 1024)])
-def test_the_wide_entry_computes_bfloat16_products_of_5_to_8_rows(shape: tuple[int, int]) -> None:
-    """Every row count from 5 to 8 in the 64-output layout, rows further apart than their
-    width, a leading batch dimension, with and without a bias: within one bfloat16 step of
-    the exact product, each in one call of the wide entry."""
+def test_the_wide_entries_compute_products_of_5_to_8_rows(
+    layout: BlockedLayout, shape: tuple[int, int]
+) -> None:
+    """Every row count from 5 to 8 in each 64-output layout, rows further apart than their
+    width, a leading batch dimension, with and without a bias: within ENG-117's bounds of the
+    exact product, each in one call of the layout's wide entry."""
     generator = torch.Generator().manual_seed(sum(shape))
     out_features, in_features = shape
-    weight = torch.randn(shape, generator=generator).to(torch.bfloat16)
-    bias = torch.randn(out_features, generator=generator).to(torch.bfloat16)
-    packed = WIDE.pack(weight)
-    blocked = PackedWeight(WIDE, packed.data_ptr())
+    weight = torch.randn(shape, generator=generator).to(layout.dtype)
+    bias = torch.randn(out_features, generator=generator).to(layout.dtype)
+    packed = layout.pack(weight)
+    blocked = PackedWeight(layout, packed.data_ptr())
     kernel, counts = counted_kernel()
-    if kernel._wide is None:
-        pytest.skip("this CPU has no bfloat16 dot product")
-    assert kernel.max_rows(WIDE) == WIDE_ROWS
+    if layout.name not in kernel._wide:
+        pytest.skip(f"this CPU has no wide entry for {layout.name}")
+    assert kernel.max_rows(layout) == WIDE_ROWS
     assert_products(kernel, blocked, weight, bias, range(MAX_ROWS + 1, WIDE_ROWS + 1), generator)
-    batched = torch.randn(2, 3, in_features, generator=generator).to(torch.bfloat16)
+    batched = torch.randn(2, 3, in_features, generator=generator).to(layout.dtype)
     got = kernel.product(batched, blocked, out_features, None)
     assert got.shape == (2, 3, out_features)
     assert within_one_step(got, batched.double() @ weight.double().T)
-    assert counts["wide"].calls == 2 * (WIDE_ROWS - MAX_ROWS) + 1
-    assert counts[WIDE.name].calls == 0
-    nine = torch.randn(WIDE_ROWS + 1, in_features).to(torch.bfloat16)
+    assert counts[f"wide {layout.name}"].calls == 2 * (WIDE_ROWS - MAX_ROWS) + 1
+    assert sum(c.calls for c in counts.values()) == counts[f"wide {layout.name}"].calls
+    nine = torch.randn(WIDE_ROWS + 1, in_features).to(layout.dtype)
     assert not kernel.takes(nine, blocked, None)
 
 
 @pytest.mark.spec("ENG-119")
-def test_built_without_the_dot_product_more_than_four_rows_stay_with_onednn() -> None:
-    """Built portable, the wide entry is not offered: bfloat16 products of 5 rows in its
-    layout are not taken, and one sent anyway is refused rather than computed."""
-    blocked = PackedWeight(WIDE, WIDE.pack(torch.randn(64, 32).to(torch.bfloat16)).data_ptr())
+@pytest.mark.parametrize("layout", WIDE, ids=[layout.name for layout in WIDE])
+def test_built_portable_more_than_four_rows_stay_with_onednn(layout: BlockedLayout) -> None:
+    """Built portable, no wide entry is offered: products of 5 rows in a 64-output layout are
+    not taken, and one sent anyway is refused rather than computed."""
+    packed = layout.pack(torch.randn(64, 32).to(layout.dtype))
+    blocked = PackedWeight(layout, packed.data_ptr())
     kernel, _ = counted_kernel(("-DPAGEDKV_PORTABLE",))
-    assert kernel._wide is None
-    assert kernel.max_rows(WIDE) == MAX_ROWS
-    five = torch.randn(MAX_ROWS + 1, 32).to(torch.bfloat16)
+    assert kernel._wide == {}
+    assert kernel.max_rows(layout) == MAX_ROWS
+    five = torch.randn(MAX_ROWS + 1, 32).to(layout.dtype)
     assert not kernel.takes(five, blocked, None)
     with pytest.raises(ValueError, match=f"1 to {MAX_ROWS} rows, not {MAX_ROWS + 1}"):
         kernel.product(five, blocked, 64, None)
@@ -255,7 +261,7 @@ def test_the_kernel_takes_only_what_it_computes(layout: BlockedLayout) -> None:
     most = kernel.max_rows(layout)
     if layout == AMX_LAYOUT and kernel._amx is not None:
         assert most == AMX_ROWS
-    elif layout == WIDE and kernel._wide is not None:
+    elif layout.name in kernel._wide:
         assert most == WIDE_ROWS
     else:
         assert most == MAX_ROWS
@@ -325,8 +331,8 @@ def test_a_packed_layer_runs_few_rows_through_the_kernel_and_more_through_onednn
     assert counts[layout.name].calls == MAX_ROWS
     if kernel._amx is not None:
         assert counts["amx"].calls == (most - MAX_ROWS if layout == AMX_LAYOUT else 0)
-    if kernel._wide is not None:
-        assert counts["wide"].calls == (most - MAX_ROWS if layout == WIDE else 0)
+    for name in kernel._wide:
+        assert counts[f"wide {name}"].calls == (most - MAX_ROWS if layout.name == name else 0)
     assert use_packed_gemv(layer, None) == 0
     assert not has_packed_gemv(layer)
 

@@ -1,8 +1,9 @@
 """Products of few rows with a packed weight, read where oneDNN keeps it, by small C kernels
 built on first use by :mod:`pagedkv.native.build`: one to four rows by ``native/packed_gemv.c``
 (ENG-117), bfloat16 products of 5 to 32 rows on the AMX tiles by ``native/amx_gemm.c``
-where the CPU has them (ENG-118), and bfloat16 products of 5 to 8 rows with weights in
-oneDNN's layout for a CPU without AMX by the wide entry of ``native/packed_gemv.c`` (ENG-119).
+where the CPU has them (ENG-118), and products of 5 to 8 rows with weights in 64-output
+blocks (float32; bfloat16 where the CPU has no AMX) by the wide entries of
+``native/packed_gemv.c`` (ENG-119).
 
 Why: a decode step of a few sequences multiplies a few rows by every weight of the model, so
 it only streams the weights, and oneDNN's kernel streams them below the memory's rate. Measured
@@ -61,12 +62,16 @@ AMX_SOURCE = Path(__file__).with_name("native") / "amx_gemm.c"
 #: The most rows a bfloat16 product may have to run in ``amx_gemm.c`` (its MAX_ROWS).
 AMX_ROWS = 32
 
-#: The most rows a bfloat16 product with a weight in :data:`WIDE_LAYOUT` may have to run in
-#: ``packed_gemv.c``'s wide entry (its WIDE_ROWS), where the CPU has a bfloat16 dot product.
+#: The most rows a product with a weight in a layout of :data:`WIDE_ENTRIES` may have to run
+#: in ``packed_gemv.c``'s wide entries (its WIDE_ROWS).
 WIDE_ROWS = 8
 
-#: The layout the wide entry reads: oneDNN's bfloat16 layout on a CPU without AMX.
-WIDE_LAYOUT = "AB16b64a2b"
+#: The layouts of 64-output blocks, each with its wide entry point and the function that says
+#: whether this build has it (AVX-512 for float32, the bfloat16 dot product for bfloat16).
+WIDE_ENTRIES = {
+    "AB16b64a": ("gemv_f32_wide", "f32_wide_ready"),
+    "AB16b64a2b": ("gemv_bf16_o64_wide", "bf16_wide_ready"),
+}
 
 #: The entry points' argument types: weight, x, x's row stride, bias, out, out's row stride,
 #: rows, out features, in features, threads.
@@ -95,9 +100,13 @@ class PackedGemv:
                 ("AB16b64a2b", "gemv_bf16_o64"),
             )
         }
-        #: The entry point of 5 to WIDE_ROWS rows in WIDE_LAYOUT, or None where the kernel
-        #: was built without the bfloat16 dot product (ENG-119).
-        self._wide: Any = _entry(library, "gemv_bf16_o64_wide") if library.wide_ready() else None
+        #: The entry points of 5 to WIDE_ROWS rows, by layout name, where this build has them
+        #: (ENG-119).
+        self._wide: dict[str, Any] = {
+            layout: _entry(library, name)
+            for layout, (name, ready) in WIDE_ENTRIES.items()
+            if getattr(library, ready)() == 1
+        }
         #: The AMX entry point, or None where the CPU (or Linux) gives no tiles.
         self._amx: Any = None
         if amx is not None and amx.amx_ready() == 1:
@@ -121,7 +130,7 @@ class PackedGemv:
         """The most rows a product with a weight in ``layout`` may have to run here."""
         if layout.name == AMX_LAYOUT.name and self._amx is not None:
             return AMX_ROWS
-        if layout.name == WIDE_LAYOUT and self._wide is not None:
+        if layout.name in self._wide:
             return WIDE_ROWS
         return MAX_ROWS
 
@@ -163,7 +172,7 @@ class PackedGemv:
         most = self.max_rows(layout)
         if rows.shape[0] > 0:
             few = rows.shape[0] <= MAX_ROWS
-            wider = {AMX_LAYOUT.name: self._amx, WIDE_LAYOUT: self._wide}.get(layout.name)
+            wider = self._amx if layout.name == AMX_LAYOUT.name else self._wide.get(layout.name)
             entry = self._entries[layout.name] if few else wider
             failed = entry is None or entry(
                 weight.address,

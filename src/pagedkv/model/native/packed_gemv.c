@@ -14,7 +14,8 @@
  * oneDNN's reads each weight on one stream per thread. Here each thread reads STREAMS output
  * blocks at once, which the hardware prefetchers follow better: on a two-core AMX Xeon the
  * 0.6B shape's layer weights streamed at 25 GB/s in float32 and 28 GB/s in bfloat16 against
- * oneDNN's 17 and 18 on the same packed tensors.
+ * oneDNN's 17 and 18 on the same packed tensors. With more rows the product is bound by the
+ * multiply-adds instead; the wide entries at the end of the file keep to that rate.
  *
  * Arithmetic: every product summed in float32 (bfloat16 inputs and weights converted exactly,
  * or paired by the CPU's bfloat16 dot product where it has one), the bias added to the sum,
@@ -35,7 +36,8 @@
 #include <immintrin.h>
 #endif
 
-/* The most rows one call takes (the caller sends more to oneDNN). */
+/* The most rows one call of gemv_f32, gemv_bf16 or gemv_bf16_o64 takes (the wide entries
+ * below take 5 to WIDE_ROWS; the caller sends more to oneDNN). */
 #define MAX_ROWS 4
 /* Output blocks a thread reads at once. */
 #define STREAMS 4
@@ -226,106 +228,158 @@ int gemv_bf16_o64(const uint16_t *weight, const uint16_t *x, int64_t x_stride,
                                in_features, threads, 2 * BF16_OUT);
 }
 
-/* Bfloat16 products of 5 to WIDE_ROWS rows with a weight in "AB16b64a2b", where the CPU has
- * the bfloat16 dot product. At eight rows the products are bound by the dot products' rate,
- * not the memory's, and the sums of every row do not fit in the registers; so each block is
- * read in chunks of CHUNK input pairs (4 KB), both halves of the rows in turn (four rows'
- * sums in registers at a time, the second half reading the chunk from the first-level
- * cache), and a thread asks for its next chunk of each stream while it computes this one.
- * Measured on a two-core Zen 4, the 0.6B shape's 113 weights at eight rows, same process:
- * 50-57 ms here against 57-69 ms through oneDNN; both halves passed over the whole blocks in
- * turn took 72-79 ms (the second pass reads from memory again). */
+/* Products of 5 to WIDE_ROWS rows with weights in 64-output blocks ("AB16b64a" float32,
+ * "AB16b64a2b" bfloat16 where the CPU has the bfloat16 dot product). At eight rows the
+ * products are bound by the multiply-adds' rate rather than the memory's, and the sums of every
+ * row do not fit in the registers; so each block is read in chunks of 4 KB (CHUNK inputs or
+ * input pairs), both halves of the rows in turn (four rows' sums in registers at a time, the
+ * second half reading the chunk from the first-level cache), and a thread asks for its next
+ * chunk of each stream while it computes this one. Measured on a two-core Zen 4, the 0.6B
+ * shape's 113 weights at eight rows, same process: bfloat16 50-57 ms here against 57-69 ms
+ * through oneDNN (both halves passed over the whole blocks in turn: 72-79 ms, the second pass
+ * reading from memory again); float32 99-111 ms against 105-166 ms. */
 #define WIDE_ROWS 8
+#define WIDE_OUT 64
 #define CHUNK 16
+#if defined(__AVX512F__) && !defined(PAGEDKV_PORTABLE)
+#define WIDE_F32 1
+#include <immintrin.h>
+#endif
 
-#if BF16_DOT_PRODUCT
-/* Four rows (the first `rows`) of one chunk of one block, their sums loaded from and stored
- * back to `sums` ([4 rows][4 vectors][16 lanes]). */
-INLINE void wide_half(const uint16_t *chunk, const uint32_t *pairs, int64_t row_pairs,
-                      int rows, float *sums) {
-    __m512 a[4][4];
-    for (int r = 0; r < 4; ++r)
-        for (int q = 0; q < 4; ++q) a[r][q] = _mm512_loadu_ps(sums + (r * 4 + q) * 16);
-    for (int i = 0; i < CHUNK; ++i) {
-        __m512bh wv[4];
-        for (int q = 0; q < 4; ++q) wv[q] = (__m512bh)_mm512_loadu_si512(chunk + i * 128 + q * 32);
-        for (int r = 0; r < rows; ++r) {
-            const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)pairs[r * row_pairs + i]);
-            for (int q = 0; q < 4; ++q) a[r][q] = _mm512_dpbf16_ps(a[r][q], wv[q], xv);
-        }
+/* fn(..., rows, ...) with the row count `rows` (5..WIDE_ROWS) a constant in each copy. */
+#define WITH_CONSTANT_WIDE_ROWS(fn, weight, x, padded_in, rows, ...)       \
+    switch (rows) {                                                         \
+    case 5: fn(weight, x, padded_in, 5, __VA_ARGS__); break;                \
+    case 6: fn(weight, x, padded_in, 6, __VA_ARGS__); break;                \
+    case 7: fn(weight, x, padded_in, 7, __VA_ARGS__); break;                \
+    default: fn(weight, x, padded_in, WIDE_ROWS, __VA_ARGS__); break;       \
     }
-    for (int r = 0; r < 4; ++r)
+_Static_assert(WIDE_ROWS == 8, "WITH_CONSTANT_WIDE_ROWS names the counts 5 to 7, then WIDE_ROWS");
+
+/* The four vectors of sums of `rows` (<= 4) rows, loaded from and stored back to `sums`
+ * ([4 rows][4 vectors][16 lanes]), around the body that adds one chunk into a[r][q]. */
+#define WIDE_HALF(BODY)                                                                 \
+    __m512 a[4][4];                                                                     \
+    for (int r = 0; r < 4; ++r)                                                         \
+        for (int q = 0; q < 4; ++q) a[r][q] = _mm512_loadu_ps(sums + (r * 4 + q) * 16); \
+    BODY                                                                                \
+    for (int r = 0; r < 4; ++r)                                                         \
         for (int q = 0; q < 4; ++q) _mm512_storeu_ps(sums + (r * 4 + q) * 16, a[r][q]);
-}
 
-/* `count` 64-output blocks from `first`, `rows` (5..WIDE_ROWS, a constant in each inlined
- * copy) rows; sums into acc[s][r][o]. */
-INLINE void wide_blocks(const uint16_t *weight, const uint16_t *x, int64_t padded_in, int rows,
-                        int64_t first, int count, float acc[STREAMS][WIDE_ROWS][64]) {
-    memset(acc, 0, sizeof(float) * STREAMS * WIDE_ROWS * 64);
-    const int64_t row_pairs = padded_in / 2;
+#if WIDE_F32
+INLINE void wide_half_f32(const float *chunk, const float *x, int64_t padded_in, int rows,
+                          float *sums) {
+    WIDE_HALF(
+        for (int i = 0; i < CHUNK; ++i) {
+            __m512 wv[4];
+            for (int q = 0; q < 4; ++q) wv[q] = _mm512_loadu_ps(chunk + i * WIDE_OUT + q * 16);
+            for (int r = 0; r < rows; ++r) {
+                const __m512 xv = _mm512_set1_ps(x[r * padded_in + i]);
+                for (int q = 0; q < 4; ++q) a[r][q] = _mm512_fmadd_ps(wv[q], xv, a[r][q]);
+            }
+        })
+}
+#endif
+
+#if BF16_DOT_PRODUCT
+INLINE void wide_half_bf16(const uint16_t *chunk, const uint16_t *x, int64_t padded_in,
+                           int rows, float *sums) {
     const uint32_t *pairs = (const uint32_t *)x;
-    for (int64_t c = 0; c < row_pairs; c += CHUNK)
-        for (int s = 0; s < count; ++s) {
-            const uint16_t *chunk = weight + (first + s) * padded_in * 64 + c * 128;
-            for (int k = 0; k < CHUNK * 128; k += 32) __builtin_prefetch(chunk + CHUNK * 128 + k, 0, 2);
-            wide_half(chunk, pairs + c, row_pairs, 4, &acc[s][0][0]);
-            wide_half(chunk, pairs + 4 * row_pairs + c, row_pairs, rows - 4, &acc[s][4][0]);
-        }
+    WIDE_HALF(
+        for (int i = 0; i < CHUNK; ++i) {
+            __m512bh wv[4];
+            for (int q = 0; q < 4; ++q)
+                wv[q] = (__m512bh)_mm512_loadu_si512(chunk + 2 * (i * WIDE_OUT + q * 16));
+            for (int r = 0; r < rows; ++r) {
+                const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)pairs[r * padded_in / 2 + i]);
+                for (int q = 0; q < 4; ++q) a[r][q] = _mm512_dpbf16_ps(a[r][q], wv[q], xv);
+            }
+        })
 }
 #endif
 
-/* 1 where gemv_bf16_o64_wide computes (the CPU's bfloat16 dot product), else 0. */
-int wide_ready(void) {
-#if BF16_DOT_PRODUCT
-    return 1;
-#else
-    return 0;
-#endif
-}
-
-/* gemv_bf16_o64 for 5 to WIDE_ROWS rows. Returns 0, or 1 when rows are out of that range,
- * the kernel was built without the dot product (wide_ready() is 0) or scratch cannot be
- * allocated (then `out` is unwritten). */
-int gemv_bf16_o64_wide(const uint16_t *weight, const uint16_t *x, int64_t x_stride,
-                       const uint16_t *bias, uint16_t *out, int64_t out_stride, int64_t rows,
-                       int64_t out_features, int64_t in_features, int threads) {
-#if BF16_DOT_PRODUCT
-    if (rows <= MAX_ROWS || rows > WIDE_ROWS) return 1;
-    const int64_t padded_in = blocks_of(in_features, BF16_IN) * BF16_IN;
-    const int64_t out_blocks = blocks_of(out_features, 64);
-    uint16_t *xp = calloc((size_t)(rows * padded_in), sizeof(uint16_t));
-    if (xp == NULL) return 1;
-    for (int64_t r = 0; r < rows; ++r)
-        memcpy(xp + r * padded_in, x + r * x_stride, sizeof(uint16_t) * (size_t)in_features);
-    const int64_t groups = blocks_of(out_blocks, STREAMS);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t g = 0; g < groups; ++g) {
-        float acc[STREAMS][WIDE_ROWS][64];
-        const int64_t first = g * STREAMS;
-        const int count = (int)(out_blocks - first < STREAMS ? out_blocks - first : STREAMS);
-        switch (rows) {
-        case 5: wide_blocks(weight, xp, padded_in, 5, first, count, acc); break;
-        case 6: wide_blocks(weight, xp, padded_in, 6, first, count, acc); break;
-        case 7: wide_blocks(weight, xp, padded_in, 7, first, count, acc); break;
-        default: wide_blocks(weight, xp, padded_in, WIDE_ROWS, first, count, acc); break;
-        }
-        for (int s = 0; s < count; ++s) {
-            const int64_t base = (first + s) * 64;
-            const int64_t n = out_features - base < 64 ? out_features - base : 64;
-            for (int64_t r = 0; r < rows; ++r)
-                for (int64_t o = 0; o < n; ++o) {
-                    const float b = bias ? from_bf16(bias[base + o]) : 0.0f;
-                    out[r * out_stride + base + o] = to_bf16(acc[s][r][o] + b);
-                }
-        }
+/* NAME(weight, x, padded_in, rows, first, count, acc): `count` blocks from `first`, `rows`
+ * rows of x (each padded_in wide), summed into acc[s][r][o]; a chunk is CHUNK * PER inputs
+ * (PER: inputs stored together, 1 or 2). */
+#define DEFINE_WIDE_BLOCKS(NAME, T, HALF, PER)                                                \
+    INLINE void NAME(const T *weight, const T *x, int64_t padded_in, int rows, int64_t first, \
+                     int count, float acc[STREAMS][WIDE_ROWS][WIDE_OUT]) {                     \
+        memset(acc, 0, sizeof(float) * STREAMS * WIDE_ROWS * WIDE_OUT);                       \
+        const int64_t step = CHUNK * PER;                                                     \
+        for (int64_t c = 0; c < padded_in; c += step)                                         \
+            for (int s = 0; s < count; ++s) {                                                 \
+                const T *chunk = weight + ((first + s) * padded_in + c) * WIDE_OUT;           \
+                for (int64_t k = 0; k < step * WIDE_OUT; k += 64 / (int64_t)sizeof(T))       \
+                    __builtin_prefetch(chunk + step * WIDE_OUT + k, 0, 2);                    \
+                HALF(chunk, x + c, padded_in, 4, &acc[s][0][0]);                              \
+                HALF(chunk, x + 4 * padded_in + c, padded_in, rows - 4, &acc[s][4][0]);       \
+            }                                                                                 \
     }
-    free(xp);
-    return 0;
+
+/* NAME: the entry point for rows 5..WIDE_ROWS of T, with IN-input blocks, BLOCKS computing
+ * and STORE writing out[...] = acc + bias. */
+#define DEFINE_WIDE_PRODUCT(NAME, T, IN, BLOCKS, STORE)                                         \
+    int NAME(const T *weight, const T *x, int64_t x_stride, const T *bias, T *out,              \
+             int64_t out_stride, int64_t rows, int64_t out_features, int64_t in_features,       \
+             int threads) {                                                                     \
+        if (rows <= MAX_ROWS || rows > WIDE_ROWS) return 1;                                     \
+        const int64_t padded_in = blocks_of(in_features, IN) * IN;                              \
+        const int64_t out_blocks = blocks_of(out_features, WIDE_OUT);                           \
+        T *xp = calloc((size_t)(rows * padded_in), sizeof(T));                                  \
+        if (xp == NULL) return 1;                                                               \
+        for (int64_t r = 0; r < rows; ++r)                                                      \
+            memcpy(xp + r * padded_in, x + r * x_stride, sizeof(T) * (size_t)in_features);      \
+        const int64_t groups = blocks_of(out_blocks, STREAMS);                                  \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
+        for (int64_t g = 0; g < groups; ++g) {                                                  \
+            float acc[STREAMS][WIDE_ROWS][WIDE_OUT];                                            \
+            const int64_t first = g * STREAMS;                                                  \
+            const int count = (int)(out_blocks - first < STREAMS ? out_blocks - first : STREAMS); \
+            WITH_CONSTANT_WIDE_ROWS(BLOCKS, weight, xp, padded_in, rows, first, count, acc)     \
+            for (int s = 0; s < count; ++s) {                                                   \
+                const int64_t base = (first + s) * WIDE_OUT;                                    \
+                const int64_t n = out_features - base < WIDE_OUT ? out_features - base : WIDE_OUT; \
+                for (int64_t r = 0; r < rows; ++r)                                              \
+                    for (int64_t o = 0; o < n; ++o)                                             \
+                        STORE(out[r * out_stride + base + o], acc[s][r][o], bias, base + o);    \
+            }                                                                                   \
+        }                                                                                       \
+        free(xp);                                                                               \
+        return 0;                                                                               \
+    }
+
+#define STORE_F32(dst, sum, bias, o) dst = (sum) + ((bias) ? (bias)[o] : 0.0f)
+#define STORE_BF16(dst, sum, bias, o) dst = to_bf16((sum) + ((bias) ? from_bf16((bias)[o]) : 0.0f))
+
+/* A missing entry point of this build: refuses every call (the caller asks *_wide_ready). */
+#define DEFINE_REFUSED(NAME, T)                                                           \
+    int NAME(const T *weight, const T *x, int64_t x_stride, const T *bias, T *out,        \
+             int64_t out_stride, int64_t rows, int64_t out_features, int64_t in_features, \
+             int threads) {                                                               \
+        (void)weight, (void)x, (void)x_stride, (void)bias, (void)out, (void)out_stride;   \
+        (void)rows, (void)out_features, (void)in_features, (void)threads;                 \
+        return 1;                                                                         \
+    }
+
+/* out[r, o] = sum_i x[r, i] * weight[o, i] (+ bias[o]) for 5 to WIDE_ROWS rows, float32
+ * weights in "AB16b64a" (gemv_f32_wide) and bfloat16 ones in "AB16b64a2b"
+ * (gemv_bf16_o64_wide). Each returns 0, or 1 when rows are out of that range, this build has
+ * no such entry (its *_wide_ready() is 0) or scratch cannot be allocated (then `out` is
+ * unwritten). */
+#if WIDE_F32
+DEFINE_WIDE_BLOCKS(wide_blocks_f32, float, wide_half_f32, 1)
+DEFINE_WIDE_PRODUCT(gemv_f32_wide, float, F32_IN, wide_blocks_f32, STORE_F32)
+int f32_wide_ready(void) { return 1; }
 #else
-    (void)weight, (void)x, (void)x_stride, (void)bias, (void)out, (void)out_stride;
-    (void)rows, (void)out_features, (void)in_features, (void)threads;
-    return 1;
+DEFINE_REFUSED(gemv_f32_wide, float)
+int f32_wide_ready(void) { return 0; }
 #endif
-}
-_Static_assert(WIDE_ROWS == 8, "gemv_bf16_o64_wide names the counts 5 to 7, then WIDE_ROWS");
+
+#if BF16_DOT_PRODUCT
+DEFINE_WIDE_BLOCKS(wide_blocks_bf16, uint16_t, wide_half_bf16, 2)
+DEFINE_WIDE_PRODUCT(gemv_bf16_o64_wide, uint16_t, BF16_IN, wide_blocks_bf16, STORE_BF16)
+int bf16_wide_ready(void) { return 1; }
+#else
+DEFINE_REFUSED(gemv_bf16_o64_wide, uint16_t)
+int bf16_wide_ready(void) { return 0; }
+#endif
