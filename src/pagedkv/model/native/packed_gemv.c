@@ -73,14 +73,18 @@ INLINE void f32_blocks(const float *weight, const float *x, int64_t padded_in, i
  * than in memory between inputs: the 0.6B shape's float32 layer weights at one row streamed
  * at 25 GB/s with the count a variable and 27-28 GB/s so (bfloat16: 24 and 25 GB/s), two
  * threads of a two-core AMX Xeon. */
-#define WITH_CONSTANT_ROWS(fn, weight, x, padded_in, rows, ...)            \
-    switch (rows) {                                                         \
-    case 1: fn(weight, x, padded_in, 1, __VA_ARGS__); break;                \
-    case 2: fn(weight, x, padded_in, 2, __VA_ARGS__); break;                \
-    case 3: fn(weight, x, padded_in, 3, __VA_ARGS__); break;                \
-    default: fn(weight, x, padded_in, MAX_ROWS, __VA_ARGS__); break;        \
-    }
+#define WITH_CONSTANT_ROWS(fn, weight, x, padded_in, rows, ...) \
+    WITH_ONE_OF_FOUR(1, 2, 3, MAX_ROWS, fn, weight, x, padded_in, rows, __VA_ARGS__)
 _Static_assert(MAX_ROWS == 4, "WITH_CONSTANT_ROWS names the counts 1 to 3, then MAX_ROWS");
+
+/* fn(weight, x, padded_in, rows, ...) with `rows` one of the constants a, b, c, else d. */
+#define WITH_ONE_OF_FOUR(a, b, c, d, fn, weight, x, padded_in, rows, ...) \
+    switch (rows) {                                                        \
+    case a: fn(weight, x, padded_in, a, __VA_ARGS__); break;               \
+    case b: fn(weight, x, padded_in, b, __VA_ARGS__); break;               \
+    case c: fn(weight, x, padded_in, c, __VA_ARGS__); break;               \
+    default: fn(weight, x, padded_in, d, __VA_ARGS__); break;              \
+    }
 
 /* out[r, o] = sum_i x[r, i] * weight[o, i] (+ bias[o]), float32; x rows `x_stride` apart,
  * out rows `out_stride` apart. Returns 0, or 1 when rows exceed MAX_ROWS or scratch cannot be
@@ -247,13 +251,8 @@ int gemv_bf16_o64(const uint16_t *weight, const uint16_t *x, int64_t x_stride,
 #endif
 
 /* fn(..., rows, ...) with the row count `rows` (5..WIDE_ROWS) a constant in each copy. */
-#define WITH_CONSTANT_WIDE_ROWS(fn, weight, x, padded_in, rows, ...)       \
-    switch (rows) {                                                         \
-    case 5: fn(weight, x, padded_in, 5, __VA_ARGS__); break;                \
-    case 6: fn(weight, x, padded_in, 6, __VA_ARGS__); break;                \
-    case 7: fn(weight, x, padded_in, 7, __VA_ARGS__); break;                \
-    default: fn(weight, x, padded_in, WIDE_ROWS, __VA_ARGS__); break;       \
-    }
+#define WITH_CONSTANT_WIDE_ROWS(fn, weight, x, padded_in, rows, ...) \
+    WITH_ONE_OF_FOUR(5, 6, 7, WIDE_ROWS, fn, weight, x, padded_in, rows, __VA_ARGS__)
 _Static_assert(WIDE_ROWS == 8, "WITH_CONSTANT_WIDE_ROWS names the counts 5 to 7, then WIDE_ROWS");
 
 /* The four vectors of sums of `rows` (<= 4) rows, loaded from and stored back to `sums`
