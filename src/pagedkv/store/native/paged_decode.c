@@ -10,8 +10,8 @@
  *
  * Shapes (row-major, contiguous): query [n, heads, dim] float32 or bfloat16; keys and values
  * [slots, kv_heads, dim] of the pool's dtype; kv_index [n, width] int64; lengths [n] int64,
- * each in 1..width; out [n, heads, dim] of the query's dtype. heads is a multiple of kv_heads. The caller
- * checks all of it; this file trusts it.
+ * each in 1..width; out [n, heads, dim] of the query's dtype. heads is a multiple of
+ * kv_heads. The caller checks all of it; this file trusts it.
  */
 #include <stdint.h>
 #include <stdlib.h>
