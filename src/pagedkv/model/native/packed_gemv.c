@@ -150,11 +150,13 @@ INLINE void bf16_blocks(const uint16_t *weight, const uint16_t *x, int64_t padde
         }
     for (int s = 0; s < count; ++s)
         for (int64_t r = 0; r < rows; ++r)
-            for (int q = 0; q < vectors; ++q) _mm512_storeu_ps(acc[s][r] + q * LANES, sums[s][r][q]);
+            for (int q = 0; q < vectors; ++q)
+                _mm512_storeu_ps(acc[s][r] + q * LANES, sums[s][r][q]);
 #else
     float pair_sums[BF16_MAX_OUT];
     for (int s = 0; s < count; ++s)
-        for (int64_t r = 0; r < rows; ++r) memset(acc[s][r], 0, sizeof(float) * 2 * (size_t)block_out);
+        for (int64_t r = 0; r < rows; ++r)
+            memset(acc[s][r], 0, sizeof(float) * 2 * (size_t)block_out);
     for (int64_t i = 0; i < padded_in; i += 2)
         for (int s = 0; s < count; ++s) {
             const uint16_t *w = block[s] + i * block_out;
@@ -172,7 +174,8 @@ INLINE void bf16_blocks(const uint16_t *weight, const uint16_t *x, int64_t padde
     /* Fold the parities, so acc[..][0..block_out) holds the outputs as in the path above. */
     for (int s = 0; s < count; ++s)
         for (int64_t r = 0; r < rows; ++r) {
-            for (int o = 0; o < block_out; ++o) pair_sums[o] = acc[s][r][2 * o] + acc[s][r][2 * o + 1];
+            for (int o = 0; o < block_out; ++o)
+                pair_sums[o] = acc[s][r][2 * o] + acc[s][r][2 * o + 1];
             memcpy(acc[s][r], pair_sums, sizeof(float) * (size_t)block_out);
         }
 #endif
