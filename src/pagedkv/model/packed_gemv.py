@@ -168,12 +168,12 @@ class PackedGemv:
         # Every tensor whose pointer the kernel reads is held by a name until it returns.
         bias = None if bias is None else bias.detach().contiguous()
         out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
-        layout = weight.layout
-        most = self.max_rows(layout)
+        name = weight.layout.name
         if rows.shape[0] > 0:
-            few = rows.shape[0] <= MAX_ROWS
-            wider = self._amx if layout.name == AMX_LAYOUT.name else self._wide.get(layout.name)
-            entry = self._entries[layout.name] if few else wider
+            if rows.shape[0] <= MAX_ROWS:
+                entry = self._entries[name]
+            else:
+                entry = self._amx if name == AMX_LAYOUT.name else self._wide.get(name)
             failed = entry is None or entry(
                 weight.address,
                 rows.data_ptr(),
@@ -187,8 +187,9 @@ class PackedGemv:
                 torch.get_num_threads(),
             )
             if failed:
+                most = self.max_rows(weight.layout)
                 raise ValueError(
-                    f"the packed product of {layout.name} takes 1 to {most} rows, not "
+                    f"the packed product of {name} takes 1 to {most} rows, not "
                     f"{rows.shape[0]}, or its scratch could not be allocated"
                 )
         return out.reshape(*x.shape[:-1], out_features)

@@ -33,6 +33,16 @@
  * tests build both paths). */
 #if defined(__AVX512BF16__) && !defined(PAGEDKV_PORTABLE)
 #define BF16_DOT_PRODUCT 1
+#else
+#define BF16_DOT_PRODUCT 0
+#endif
+/* The float32 wide entry's 16-lane path where the CPU has AVX-512, unless built portable. */
+#if defined(__AVX512F__) && !defined(PAGEDKV_PORTABLE)
+#define WIDE_F32 1
+#else
+#define WIDE_F32 0
+#endif
+#if BF16_DOT_PRODUCT || WIDE_F32
 #include <immintrin.h>
 #endif
 
@@ -49,6 +59,19 @@
 #define BF16_IN 32
 
 static inline int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+/* `rows` rows of `in_features` items of `item` bytes, `x_stride` items apart, copied into a
+ * new zeroed buffer of rows `padded_in` items apart (the caller frees it); NULL if it cannot
+ * be allocated. */
+static void *padded_rows(const void *x, int64_t x_stride, int64_t rows, int64_t in_features,
+                         int64_t padded_in, size_t item) {
+    char *xp = calloc((size_t)(rows * padded_in), item);
+    if (xp != NULL)
+        for (int64_t r = 0; r < rows; ++r)
+            memcpy(xp + (size_t)(r * padded_in) * item,
+                   (const char *)x + (size_t)(r * x_stride) * item, item * (size_t)in_features);
+    return xp;
+}
 
 /* Float32: `count` (<= STREAMS) output blocks from `first`, every row; sums into acc[s][r][o]. */
 INLINE void f32_blocks(const float *weight, const float *x, int64_t padded_in, int64_t rows,
@@ -95,10 +118,8 @@ int gemv_f32(const float *weight, const float *x, int64_t x_stride, const float 
     if (rows < 1 || rows > MAX_ROWS) return 1;
     const int64_t padded_in = blocks_of(in_features, F32_IN) * F32_IN;
     const int64_t out_blocks = blocks_of(out_features, F32_OUT);
-    float *xp = calloc((size_t)(rows * padded_in), sizeof(float));
+    float *xp = padded_rows(x, x_stride, rows, in_features, padded_in, sizeof(float));
     if (xp == NULL) return 1;
-    for (int64_t r = 0; r < rows; ++r)
-        memcpy(xp + r * padded_in, x + r * x_stride, sizeof(float) * (size_t)in_features);
     const int64_t groups = blocks_of(out_blocks, STREAMS);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t g = 0; g < groups; ++g) {
@@ -193,10 +214,8 @@ INLINE int gemv_bf16_blocks_of(const uint16_t *weight, const uint16_t *x, int64_
     if (rows < 1 || rows > MAX_ROWS) return 1;
     const int64_t padded_in = blocks_of(in_features, BF16_IN) * BF16_IN;
     const int64_t out_blocks = blocks_of(out_features, block_out);
-    uint16_t *xp = calloc((size_t)(rows * padded_in), sizeof(uint16_t));
+    uint16_t *xp = padded_rows(x, x_stride, rows, in_features, padded_in, sizeof(uint16_t));
     if (xp == NULL) return 1;
-    for (int64_t r = 0; r < rows; ++r)
-        memcpy(xp + r * padded_in, x + r * x_stride, sizeof(uint16_t) * (size_t)in_features);
     const int64_t groups = blocks_of(out_blocks, STREAMS);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t g = 0; g < groups; ++g) {
@@ -248,10 +267,6 @@ int gemv_bf16_o64(const uint16_t *weight, const uint16_t *x, int64_t x_stride,
 #define WIDE_ROWS 8
 #define WIDE_OUT 64
 #define CHUNK 16
-#if defined(__AVX512F__) && !defined(PAGEDKV_PORTABLE)
-#define WIDE_F32 1
-#include <immintrin.h>
-#endif
 
 /* fn(..., rows, ...) with the row count `rows` (5..WIDE_ROWS) a constant in each copy. */
 #define WITH_CONSTANT_WIDE_ROWS(fn, weight, x, padded_in, rows, ...) \
@@ -327,10 +342,8 @@ INLINE void wide_half_bf16(const uint16_t *chunk, const uint16_t *x, int64_t pad
         if (rows <= MAX_ROWS || rows > WIDE_ROWS) return 1;                                     \
         const int64_t padded_in = blocks_of(in_features, IN) * IN;                              \
         const int64_t out_blocks = blocks_of(out_features, WIDE_OUT);                           \
-        T *xp = calloc((size_t)(rows * padded_in), sizeof(T));                                  \
+        T *xp = padded_rows(x, x_stride, rows, in_features, padded_in, sizeof(T));             \
         if (xp == NULL) return 1;                                                               \
-        for (int64_t r = 0; r < rows; ++r)                                                      \
-            memcpy(xp + r * padded_in, x + r * x_stride, sizeof(T) * (size_t)in_features);      \
         const int64_t groups = blocks_of(out_blocks, STREAMS);                                  \
         _Pragma("omp parallel for schedule(static) num_threads(threads)")                      \
         for (int64_t g = 0; g < groups; ++g) {                                                  \
@@ -353,35 +366,19 @@ INLINE void wide_half_bf16(const uint16_t *chunk, const uint16_t *x, int64_t pad
 #define STORE_F32(dst, sum, bias, o) dst = (sum) + ((bias) ? (bias)[o] : 0.0f)
 #define STORE_BF16(dst, sum, bias, o) dst = to_bf16((sum) + ((bias) ? from_bf16((bias)[o]) : 0.0f))
 
-/* A missing entry point of this build: refuses every call (the caller asks *_wide_ready). */
-#define DEFINE_REFUSED(NAME, T)                                                           \
-    int NAME(const T *weight, const T *x, int64_t x_stride, const T *bias, T *out,        \
-             int64_t out_stride, int64_t rows, int64_t out_features, int64_t in_features, \
-             int threads) {                                                               \
-        (void)weight, (void)x, (void)x_stride, (void)bias, (void)out, (void)out_stride;   \
-        (void)rows, (void)out_features, (void)in_features, (void)threads;                 \
-        return 1;                                                                         \
-    }
-
 /* out[r, o] = sum_i x[r, i] * weight[o, i] (+ bias[o]) for 5 to WIDE_ROWS rows, float32
  * weights in "AB16b64a" (gemv_f32_wide) and bfloat16 ones in "AB16b64a2b"
- * (gemv_bf16_o64_wide). Each returns 0, or 1 when rows are out of that range, this build has
- * no such entry (its *_wide_ready() is 0) or scratch cannot be allocated (then `out` is
- * unwritten). */
+ * (gemv_bf16_o64_wide), each defined only in a build that has its path, as its *_wide_ready()
+ * says (the caller asks it first). Each returns 0, or 1 when rows are out of that range or
+ * scratch cannot be allocated (then `out` is unwritten). */
 #if WIDE_F32
 DEFINE_WIDE_BLOCKS(wide_blocks_f32, float, wide_half_f32, 1)
 DEFINE_WIDE_PRODUCT(gemv_f32_wide, float, F32_IN, wide_blocks_f32, STORE_F32)
-int f32_wide_ready(void) { return 1; }
-#else
-DEFINE_REFUSED(gemv_f32_wide, float)
-int f32_wide_ready(void) { return 0; }
 #endif
+int f32_wide_ready(void) { return WIDE_F32; }
 
 #if BF16_DOT_PRODUCT
 DEFINE_WIDE_BLOCKS(wide_blocks_bf16, uint16_t, wide_half_bf16, 2)
 DEFINE_WIDE_PRODUCT(gemv_bf16_o64_wide, uint16_t, BF16_IN, wide_blocks_bf16, STORE_BF16)
-int bf16_wide_ready(void) { return 1; }
-#else
-DEFINE_REFUSED(gemv_bf16_o64_wide, uint16_t)
-int bf16_wide_ready(void) { return 0; }
 #endif
+int bf16_wide_ready(void) { return BF16_DOT_PRODUCT; }
