@@ -166,6 +166,10 @@ class TorchPagedStore:
     def __init__(self, config: StoreConfig, *, fused_decode: bool | None = None) -> None:
         dtype, device = _validate_config(config)
         self._decode = _decode_kernel(fused_decode, dtype, device)
+        # Padding a decode group's slot index costs reads only where the decode gathers: a
+        # kernel reading each context alone takes every decode of a step in one group (PST-017).
+        reads_each = self._decode is not None and self._decode.reads_each_context
+        self._decode_fill = 0.0 if reads_each else DECODE_FILL
         self._config = config
         self._num_slots = config.num_pages * config.page_size
         shape = (self._num_slots, config.num_kv_heads, config.head_dim)
@@ -334,11 +338,7 @@ class TorchPagedStore:
             pages = tables.index_select(0, ids)[:, positions // page_size]
             return pages * page_size + positions % page_size
 
-        # Padding a group's slot index costs reads only where the decode gathers (PST-017).
-        ragged = self._decode is not None and self._decode.reads_each_context
-        layout = plan_attention(
-            starts, contexts, slots_of, device, decode_fill=0.0 if ragged else DECODE_FILL
-        )
+        layout = plan_attention(starts, contexts, slots_of, device, decode_fill=self._decode_fill)
         return PagedAttentionMetadata(num_slots=self._num_slots, layout=layout)
 
     def attention(
