@@ -19,6 +19,7 @@
 
 #include "bf16.h"
 #include "fast_exp.h"
+#include "inline.h"
 
 /* How many positions ahead a task asks for its next key and value rows. Rows are reached
  * through the slot index, which the hardware prefetcher cannot follow: read on demand, each
@@ -185,6 +186,98 @@ static inline void softmax16(float *s, int64_t len) {
         memcpy(out, acc, sizeof(float) * (size_t)(rows * dim));                             \
     }
 
+#if defined(__AVX512F__)
+/* The most 16-lane chunks of a head the register-blocked task below holds in registers (head
+ * dimensions up to 128, Qwen3's). */
+#define MAX_CHUNKS 8
+
+/* The same task for a head of `chunks` 16-lane chunks (a constant in each copy), each row
+ * held in registers. Scores: every position's key row of one KV head is loaded and converted
+ * once for all its `group` query heads (above, once per query head). Sums: the weighted values
+ * of `2` or `4` query heads accumulate in registers over all positions, one KV head at a time,
+ * instead of being loaded and stored at every position. Each sum is formed in the same order,
+ * from the same operations, as by dot16 and axpy16, so the results are bit for bit those of
+ * the task above. The first pass over a KV head's values asks for the span's rows ahead; the
+ * later ones find them in the cache. */
+#define DEFINE_BLOCKED(SUFFIX, T)                                                            \
+    INLINE void blocked_##SUFFIX(const float *query, const T *keys, const T *values,         \
+                                 const int64_t *index, int64_t len, float *out, int64_t h0,  \
+                                 int64_t span, int64_t kv_heads, int64_t group, float scale, \
+                                 float *scores, const int chunks) {                         \
+        const int64_t dim = 16 * (int64_t)chunks, bytes = span * dim * (int64_t)sizeof(T);  \
+        const int per_pass = chunks > 4 ? 2 : 4, full = chunks / 4 * 4;                     \
+        for (int64_t p = 0; p < len; ++p) {                                                 \
+            if (p + AHEAD < len)                                                            \
+                prefetch_row(keys + (index[p + AHEAD] * kv_heads + h0) * dim, bytes);       \
+            const T *k = keys + (index[p] * kv_heads + h0) * dim;                           \
+            for (int64_t hk = 0; hk < span; ++hk) {                                         \
+                __m512 key[MAX_CHUNKS];                                                     \
+                for (int c = 0; c < chunks; ++c) key[c] = load16_##SUFFIX(k + hk * dim + 16 * c); \
+                for (int64_t g = 0; g < group; ++g) {                                       \
+                    const float *q = query + (hk * group + g) * dim;                        \
+                    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),                \
+                                   _mm512_setzero_ps(), _mm512_setzero_ps()};               \
+                    for (int c = 0; c < full; ++c)                                          \
+                        a[c % 4] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), key[c], a[c % 4]); \
+                    for (int c = full; c < chunks; ++c)                                     \
+                        a[0] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), key[c], a[0]);  \
+                    __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])); \
+                    scores[(hk * group + g) * len + p] = _mm512_reduce_add_ps(sum) * scale; \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+        for (int64_t r = 0; r < span * group; ++r) softmax16(scores + r * len, len);        \
+        for (int64_t hk = 0; hk < span; ++hk) {                                             \
+            for (int64_t g0 = 0; g0 < group; g0 += per_pass) {                              \
+                int64_t rows = group - g0 < per_pass ? group - g0 : per_pass;               \
+                int first_pass = hk == 0 && g0 == 0;                                        \
+                const float *w = scores + (hk * group + g0) * len;                          \
+                __m512 acc[4][MAX_CHUNKS];                                                  \
+                for (int i = 0; i < per_pass; ++i)                                          \
+                    for (int c = 0; c < chunks; ++c) acc[i][c] = _mm512_setzero_ps();       \
+                for (int64_t p = 0; p < len; ++p) {                                         \
+                    if (first_pass && p + AHEAD < len)                                      \
+                        prefetch_row(values + (index[p + AHEAD] * kv_heads + h0) * dim, bytes); \
+                    const T *v = values + (index[p] * kv_heads + h0 + hk) * dim;            \
+                    __m512 value[MAX_CHUNKS];                                               \
+                    for (int c = 0; c < chunks; ++c) value[c] = load16_##SUFFIX(v + 16 * c); \
+                    for (int i = 0; i < per_pass; ++i) {                                    \
+                        if (i >= rows) break;                                               \
+                        __m512 weight = _mm512_set1_ps(w[i * len + p]);                     \
+                        for (int c = 0; c < chunks; ++c)                                    \
+                            acc[i][c] = _mm512_fmadd_ps(weight, value[c], acc[i][c]);       \
+                    }                                                                       \
+                }                                                                           \
+                for (int64_t i = 0; i < rows; ++i)                                          \
+                    for (int c = 0; c < chunks; ++c)                                        \
+                        _mm512_storeu_ps(out + (hk * group + g0 + i) * dim + 16 * c, acc[i][c]); \
+            }                                                                               \
+        }                                                                                   \
+    }
+DEFINE_BLOCKED(float32, float)
+DEFINE_BLOCKED(bfloat16, uint16_t)
+
+/* One task function per dtype and chunk count, in the shape of the tasks above (`scratch`
+ * starts with the scores). */
+#define DEFINE_BLOCKED_TASK(SUFFIX, T, CHUNKS)                                               \
+    static void blocked##CHUNKS##_##SUFFIX(const float *query, const void *key_pool,         \
+                                           const void *value_pool, const int64_t *index,    \
+                                           int64_t len, float *out, int64_t h0, int64_t span, \
+                                           int64_t kv_heads, int64_t group, int64_t dim,     \
+                                           float scale, float *scratch) {                   \
+        (void)dim;                                                                          \
+        blocked_##SUFFIX(query, key_pool, value_pool, index, len, out, h0, span, kv_heads,  \
+                         group, scale, scratch, CHUNKS);                                    \
+    }
+#define DEFINE_BLOCKED_TASKS(SUFFIX, T)                                                      \
+    DEFINE_BLOCKED_TASK(SUFFIX, T, 1) DEFINE_BLOCKED_TASK(SUFFIX, T, 2)                      \
+    DEFINE_BLOCKED_TASK(SUFFIX, T, 3) DEFINE_BLOCKED_TASK(SUFFIX, T, 4)                      \
+    DEFINE_BLOCKED_TASK(SUFFIX, T, 5) DEFINE_BLOCKED_TASK(SUFFIX, T, 6)                      \
+    DEFINE_BLOCKED_TASK(SUFFIX, T, 7) DEFINE_BLOCKED_TASK(SUFFIX, T, 8)
+DEFINE_BLOCKED_TASKS(float32, float)
+DEFINE_BLOCKED_TASKS(bfloat16, uint16_t)
+#endif
+
 typedef void (*task_fn)(const float *, const void *, const void *, const int64_t *, int64_t,
                         float *, int64_t, int64_t, int64_t, int64_t, int64_t, float, float *);
 
@@ -251,7 +344,13 @@ int paged_decode(int bfloat16, int query_bfloat16, const void *query, const void
                  float scale, int threads) {
     task_fn task = bfloat16 ? task_bfloat16 : task_float32;
 #if defined(__AVX512F__)
+    static const task_fn blocked[2][MAX_CHUNKS] = {
+        {blocked1_float32, blocked2_float32, blocked3_float32, blocked4_float32,
+         blocked5_float32, blocked6_float32, blocked7_float32, blocked8_float32},
+        {blocked1_bfloat16, blocked2_bfloat16, blocked3_bfloat16, blocked4_bfloat16,
+         blocked5_bfloat16, blocked6_bfloat16, blocked7_bfloat16, blocked8_bfloat16}};
     if (dim % 16 == 0) task = bfloat16 ? task16_bfloat16 : task16_float32;
+    if (dim % 16 == 0 && dim <= 16 * MAX_CHUNKS) task = blocked[bfloat16 != 0][dim / 16 - 1];
 #endif
     return decode(task, query_bfloat16, query, keys, values, kv_index, lengths, out, num_seqs,
                   width, heads, kv_heads, dim, scale, threads);
