@@ -174,7 +174,9 @@ def test_a_library_is_named_by_the_headers_its_source_includes(tmp_path: Path) -
 @pytest.mark.parametrize("group", [1, 2, 3, 5])
 @pytest.mark.parametrize("head_dim", [16, 24, 80, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_c_kernel_reads_only_each_context(dtype: torch.dtype, head_dim: int, group: int) -> None:
+def test_the_c_kernel_reads_only_each_context(
+    dtype: torch.dtype, head_dim: int, group: int
+) -> None:
     """One, two and six sequences (so, at one thread, tasks of one, two and all four KV heads)
     over a pool whose every slot past the contexts is NaN: the float64 dense result of the
     positions below each context. Where the CPU has AVX-512, head dimensions 16, 80 and 128
@@ -205,7 +207,9 @@ def test_the_c_kernel_reads_only_each_context(dtype: torch.dtype, head_dim: int,
             # A float32 rounding of a score is multiplied by the scale before the exp, so the
             # tolerance grows with it; a bfloat16 result is also rounded to 8 bits.
             if dtype == torch.float32:
-                torch.testing.assert_close(got[row].double(), want, atol=1e-5 * max(1.0, scale), rtol=0)
+                torch.testing.assert_close(
+                    got[row].double(), want, atol=1e-5 * max(1.0, scale), rtol=0
+                )
             else:
                 torch.testing.assert_close(got[row].double(), want, atol=1e-2, rtol=2**-8)
 
