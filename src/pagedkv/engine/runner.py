@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -20,6 +21,7 @@ from pagedkv.engine.static_decode import StaticDecode
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
 from pagedkv.model.fused_norms import FusedNorms, has_fused_norms, use_fused_norms
+from pagedkv.model.fused_swiglu import FusedSwiGLU, has_fused_swiglu, use_fused_swiglu
 from pagedkv.model.loader import load_model
 from pagedkv.model.packed_gemv import PackedGemv, has_packed_gemv, use_packed_gemv
 from pagedkv.model.packed_layout import LAYOUTS
@@ -32,6 +34,41 @@ from pagedkv.store.paged_store import PagedAttentionMetadata, TorchPagedStore
 
 #: Turns a step plan into the step's attention (validating the plan against the cache mode).
 PrepareAttention = Callable[[StepPlan], StepAttention]
+
+#: A fused kernel of the model's layers (:class:`FusedNorms`, :class:`FusedSwiGLU`).
+Kernel = TypeVar("Kernel")
+
+
+def _fuse(
+    option: str,
+    fused: str,
+    wanted: bool | None,
+    already: bool,
+    weight: torch.Tensor,
+    build: Callable[[torch.dtype], Kernel | BuildFailure],
+    use: Callable[[Kernel], object],
+) -> None:
+    """Apply the fusion option named ``option`` (``wanted``) to the model whose ``fused``
+    layers ``already`` run a kernel, ``weight`` one of its weights: ``build`` the kernel for
+    its dtype on the CPU and ``use`` it, unless ``wanted`` is ``False``.
+
+    Raises:
+        InvalidRequest: ``True`` where the kernel cannot run, ``False`` when ``already``.
+    """
+    if wanted is False:
+        if already:
+            raise InvalidRequest(f"{option}=False on a model whose {fused} another runner fused")
+        return
+    kernel = (
+        build(weight.dtype)
+        if weight.device.type == "cpu"
+        else BuildFailure(f"the kernel runs on the CPU, the model is on {weight.device}")
+    )
+    if isinstance(kernel, BuildFailure):
+        if wanted:
+            raise InvalidRequest(f"{option}: {kernel.reason}")
+        return
+    use(kernel)
 
 
 class ModelRunner:
@@ -67,35 +104,36 @@ class ModelRunner:
             )
         if self.options.packs:
             pack_linear_weights(model)
-        self._fuse_norms(model)
+        self._fuse_kernels(model)
         self._use_packed_gemv(model)
         self._retain_freed_memory(next(model.parameters()).device)
 
-    def _fuse_norms(self, model: Qwen3ForCausalLM) -> None:
-        """Apply ``options.fused_norms`` (ENG-116).
+    def _fuse_kernels(self, model: Qwen3ForCausalLM) -> None:
+        """Apply ``options.fused_norms`` (ENG-116) and ``options.fused_swiglu`` (ENG-159).
 
         Raises:
-            InvalidRequest: ``True`` where the kernel cannot run, ``False`` on a model whose
-                norms another runner fused.
+            InvalidRequest: ``True`` where a kernel cannot run, ``False`` on a model that
+                another runner fused.
         """
-        wanted = self.options.fused_norms
-        if wanted is False:
-            if has_fused_norms(model):
-                raise InvalidRequest(
-                    "fused_norms=False on a model whose norms another runner fused"
-                )
-            return
         weight = model.model.norm.weight
-        kernel = (
-            FusedNorms.build(weight.dtype)
-            if weight.device.type == "cpu"
-            else BuildFailure(f"the fused norms run on the CPU, the model is on {weight.device}")
+        _fuse(
+            "fused_norms",
+            "norms",
+            self.options.fused_norms,
+            has_fused_norms(model),
+            weight,
+            FusedNorms.build,
+            partial(use_fused_norms, model),
         )
-        if isinstance(kernel, BuildFailure):
-            if wanted:
-                raise InvalidRequest(f"fused_norms: {kernel.reason}")
-            return
-        use_fused_norms(model, kernel)
+        _fuse(
+            "fused_swiglu",
+            "MLPs",
+            self.options.fused_swiglu,
+            has_fused_swiglu(model),
+            weight,
+            FusedSwiGLU.build,
+            partial(use_fused_swiglu, model),
+        )
 
     def _use_packed_gemv(self, model: Qwen3ForCausalLM) -> None:
         """Apply ``options.packed_gemv`` (ENG-117).

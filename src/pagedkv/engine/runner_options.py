@@ -37,6 +37,12 @@ class RunnerOptions:
             bfloat16 model on the CPU where the kernel builds; ``True`` where it cannot be
             built or the model is of another dtype or device is refused, and so is ``False``
             on a model another runner fused.
+        fused_swiglu: run every dense MLP's activation ``silu(gate) * up`` in one call of a
+            small C kernel reading the merged gate/up product in place
+            (:mod:`pagedkv.model.fused_swiglu`). ``None`` (the default): on for a float32 or
+            bfloat16 model on the CPU where the kernel builds; ``True`` where it cannot be
+            built or the model is of another dtype or device is refused, and so is ``False``
+            on a model another runner fused.
         packed_gemv: run the products of one to four rows with a packed weight through a
             small C kernel that reads oneDNN's packed layout itself
             (:mod:`pagedkv.model.packed_gemv`; decode steps of few sequences, the LM head of
@@ -52,6 +58,7 @@ class RunnerOptions:
     cuda_graphs: bool = False
     retain_freed_memory: bool | None = None
     fused_norms: bool | None = None
+    fused_swiglu: bool | None = None
     packed_gemv: bool | None = None
 
     @property

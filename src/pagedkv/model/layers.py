@@ -21,6 +21,7 @@ from pagedkv.model.tensor_parallel import Collectives, SingleRank
 
 if TYPE_CHECKING:
     from pagedkv.model.fused_norms import FusedNorms
+    from pagedkv.model.fused_swiglu import FusedSwiGLU
     from pagedkv.model.packed_gemv import PackedGemv
 
 #: The batch size oneDNN chooses a packed weight's blocked layout for. Measured on the 0.6B
@@ -205,13 +206,17 @@ class SwiGLUMLP(nn.Module):
 
     Tensor-parallel, ``gate_up_proj`` holds this rank's rows of gate then of up
     (column-parallel) and ``down_proj`` the matching columns (row-parallel, summed over the
-    ranks).
+    ranks). With a fused kernel set (:func:`~pagedkv.model.fused_swiglu.use_fused_swiglu`),
+    the activation of a product it takes runs in one call, reading the merged product in place.
 
     Args:
         hidden_size: input and output width.
         intermediate_size: width of the gated hidden layer held by this rank.
         collectives: the rank's group (none: a group of one).
     """
+
+    #: The fused activation kernel, or ``None``: the torch formulation.
+    fused: FusedSwiGLU | None = None
 
     def __init__(
         self, hidden_size: int, intermediate_size: int, collectives: Collectives | None = None
@@ -223,6 +228,11 @@ class SwiGLUMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[T, hidden_size]``; returns ``[T, hidden_size]``."""
-        gate, up = self.gate_up_proj.forward_parts(x)
-        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        if self.fused is not None and self.fused.takes(gate_up):
+            activated = self.fused.swiglu(gate_up)
+        else:
+            gate, up = gate_up.split(self.gate_up_proj.sizes, dim=-1)
+            activated = F.silu(gate) * up
+        out: torch.Tensor = self.down_proj(activated)
         return out
