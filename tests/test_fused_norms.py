@@ -4,22 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from test_runner_options import generate, paged_runner
 
-from pagedkv.engine.runner import ModelRunner
-from pagedkv.engine.runner_options import RunnerOptions
-from pagedkv.errors import InvalidRequest
-from pagedkv.model.fused_norms import MAX_CHANNELS, MAX_HEAD_DIM, FusedNorms, has_fused_norms
+from pagedkv.model.fused_norms import MAX_CHANNELS, MAX_HEAD_DIM, FusedNorms
 from pagedkv.model.layers import RMSNorm, apply_rotary
-from pagedkv.model.loader import load_model
 from pagedkv.testing.tiny_qwen3 import (
-    PRESETS,
-    build_tiny_checkpoint,
     one_torch_thread,
     torch_threads,
 )
@@ -170,42 +162,3 @@ def test_inside_torch_compile_the_torch_formulation_runs() -> None:
     assert add.calls == rope.calls == 0
     assert_within(got, step(x, residual))
     assert add.calls == rope.calls == 1
-
-
-@pytest.mark.spec("ENG-116", "ENG-111")
-def test_the_runner_fuses_where_it_can_and_refuses_what_it_cannot(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    checkpoint = build_tiny_checkpoint(PRESETS["tied-gqa2"], tmp_path / "tied")
-    for dtype in ("float32", "bfloat16"):
-        assert has_fused_norms(paged_runner(checkpoint, dtype=dtype).model)
-    assert not has_fused_norms(paged_runner(checkpoint, dtype="float16").model)
-    assert not has_fused_norms(paged_runner(checkpoint, RunnerOptions(fused_norms=False)).model)
-    with pytest.raises(InvalidRequest, match=r"fused_norms.*float16"):
-        paged_runner(checkpoint, RunnerOptions(fused_norms=True), dtype="float16")
-    fused = paged_runner(checkpoint).model
-    with pytest.raises(InvalidRequest, match="fused_norms=False"):
-        ModelRunner.recompute(fused, RunnerOptions(fused_norms=False))
-    with pytest.raises(InvalidRequest, match=r"fused_norms: .*CPU, the model is on meta"):
-        ModelRunner.recompute(load_model(checkpoint).to("meta"), RunnerOptions(fused_norms=True))
-    monkeypatch.setenv("PAGEDKV_KERNEL_CACHE", str(tmp_path / "kernels"))
-    monkeypatch.setenv("CC", "no-such-compiler")
-    assert not has_fused_norms(paged_runner(checkpoint).model)
-    with pytest.raises(InvalidRequest, match="fused_norms: no C compiler"):
-        ModelRunner.recompute(load_model(checkpoint), RunnerOptions(fused_norms=True))
-
-
-@pytest.mark.spec("ENG-116", "ENG-110")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_norms_generate_the_unfused_tokens(tmp_path: Path, dtype: str) -> None:
-    """Greedy tokens with and without the fused kernel are the same, token for token
-    (bfloat16: GLD-016's tolerance, and these prompts' margins are far above one step)."""
-    path = build_tiny_checkpoint(PRESETS["untied-gqa4-wide"], tmp_path / dtype, dtype=dtype)
-
-    def run(fused: bool) -> list[list[int]]:
-        options = RunnerOptions(fused_norms=fused)
-        runner = paged_runner(path, options, dtype=dtype)
-        assert has_fused_norms(runner.model) == fused
-        return generate(runner)
-
-    assert run(True) == run(False)

@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from test_runner_options import generate, paged_runner
 
-from pagedkv.engine.runner import ModelRunner
-from pagedkv.engine.runner_options import RunnerOptions
-from pagedkv.errors import InvalidRequest
-from pagedkv.model.fused_swiglu import FusedSwiGLU, has_fused_swiglu
+from pagedkv.model.fused_swiglu import FusedSwiGLU
 from pagedkv.model.layers import SwiGLUMLP
-from pagedkv.model.loader import load_model
 from pagedkv.testing.tiny_qwen3 import (
-    PRESETS,
-    build_tiny_checkpoint,
     one_torch_thread,
     torch_threads,
 )
@@ -175,42 +167,3 @@ def test_inside_torch_compile_the_torch_formulation_runs() -> None:
     eager = mlp(x)
     assert entry.calls == 1
     assert torch.allclose(got, eager, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.spec("ENG-159", "ENG-111")
-def test_the_runner_fuses_where_it_can_and_refuses_what_it_cannot(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    checkpoint = build_tiny_checkpoint(PRESETS["tied-gqa2"], tmp_path / "tied")
-    for dtype in ("float32", "bfloat16"):
-        assert has_fused_swiglu(paged_runner(checkpoint, dtype=dtype).model)
-    assert not has_fused_swiglu(paged_runner(checkpoint, dtype="float16").model)
-    unfused = paged_runner(checkpoint, RunnerOptions(fused_swiglu=False)).model
-    assert not has_fused_swiglu(unfused)
-    with pytest.raises(InvalidRequest, match=r"fused_swiglu: .*float16"):
-        paged_runner(checkpoint, RunnerOptions(fused_swiglu=True), dtype="float16")
-    fused = paged_runner(checkpoint).model
-    with pytest.raises(InvalidRequest, match="fused_swiglu=False on a model whose MLPs"):
-        ModelRunner.recompute(fused, RunnerOptions(fused_swiglu=False))
-    with pytest.raises(InvalidRequest, match=r"fused_swiglu: .*CPU, the model is on meta"):
-        ModelRunner.recompute(load_model(checkpoint).to("meta"), RunnerOptions(fused_swiglu=True))
-    monkeypatch.setenv("PAGEDKV_KERNEL_CACHE", str(tmp_path / "kernels"))
-    monkeypatch.setenv("CC", "no-such-compiler")
-    assert not has_fused_swiglu(paged_runner(checkpoint).model)
-    with pytest.raises(InvalidRequest, match="fused_swiglu: no C compiler"):
-        ModelRunner.recompute(load_model(checkpoint), RunnerOptions(fused_swiglu=True))
-
-
-@pytest.mark.spec("ENG-159", "ENG-110")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_swiglu_generates_the_unfused_tokens(tmp_path: Path, dtype: str) -> None:
-    """Greedy tokens with and without the fused kernel are the same, token for token
-    (bfloat16: GLD-016's tolerance, and these prompts' margins are far above one step)."""
-    path = build_tiny_checkpoint(PRESETS["untied-gqa4-wide"], tmp_path / dtype, dtype=dtype)
-
-    def run(fused: bool) -> list[list[int]]:
-        runner = paged_runner(path, RunnerOptions(fused_swiglu=fused), dtype=dtype)
-        assert has_fused_swiglu(runner.model) == fused
-        return generate(runner)
-
-    assert run(True) == run(False)

@@ -38,15 +38,8 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 #: The entry point's argument types: dtype code, input, row stride, output, rows, width,
 #: threads.
-_ARGTYPES: list[Any] = [
-    ctypes.c_int,
-    ctypes.c_void_p,
-    ctypes.c_int64,
-    ctypes.c_void_p,
-    ctypes.c_int64,
-    ctypes.c_int64,
-    ctypes.c_int,
-]
+_INT, _POINTER, _SIZE = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+_ARGTYPES: list[Any] = [_INT, _POINTER, _SIZE, _POINTER, _SIZE, _SIZE, _INT]
 
 
 class FusedSwiGLU:
