@@ -27,7 +27,13 @@ from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StepRunner
 from pagedkv.plan import StepPlan
-from pagedkv.testing.faults import FaultyRunner, FaultyTokenizer, IdTokenizer, PoisonedRunner
+from pagedkv.testing.faults import (
+    FaultyRunner,
+    FaultyTokenizer,
+    IdTokenizer,
+    PoisonedRunner,
+    TracingHashRunner,
+)
 from pagedkv.testing.hash_runner import HashRunner
 from pagedkv.testing.tiny_qwen3 import TinySpec, build_tiny_checkpoint
 from pagedkv_conformance.engine_harness import solo_greedy
@@ -348,3 +354,42 @@ def test_negative_retries_are_refused() -> None:
     with pytest.raises(InvalidRequest, match="max_step_retries"):
         EngineConfig(max_step_retries=-1)
     assert EngineConfig().max_step_retries == 2
+
+
+class OneNanRunner(PoisonedRunner):
+    """:class:`PoisonedRunner` whose poisoned rows hold a single NaN, among finite logits
+    whose largest is elsewhere (so no maximum nor argmax alone shows it)."""
+
+    def logits_of(self, contexts: list[list[int]], positions: list[list[int]]) -> torch.Tensor:
+        logits = TracingHashRunner.logits_of(self, contexts, positions)
+        at, end = self.poison_at, self.poison_at + len(self.poison)
+        for row, context in enumerate(contexts):
+            if tuple(context[at:end]) == self.poison:
+                logits[row, 3] = float("nan")
+        return logits
+
+
+@pytest.mark.spec("ENG-070", "ENG-158")
+def test_a_greedy_row_holding_one_nan_fails_alone() -> None:
+    """Greedy rows, whose summary (ENG-158) is where the engine looks for NaN: the request
+    whose logits hold one NaN fails in its first step with the NaN message; the others of that
+    step get the tokens they get alone."""
+    poison = (100, 99, 98, 97, 96)
+    config = EngineConfig(page_size=4, num_pages=64, max_num_batched_tokens=256, max_num_seqs=8)
+    engine = reference_backend().create_engine(
+        OneNanRunner(101, config.num_pages, config.page_size, poison=poison, kind="nan"), config
+    )
+    assert isinstance(engine, LLMEngine)
+    assert engine._logit_summary is not None
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    prompts = [[5, 6, 7], [8, 9]]
+    ids = [engine.add_request(p, params) for p in prompts]
+    poisoned = engine.add_request([*poison, 1, 2], params)
+    finals = _finals(engine, [*ids, poisoned])
+    assert finals[-1].finish_reason is FinishReason.ERROR
+    assert finals[-1].token_ids == ()
+    assert "NaN" in (finals[-1].error or "")
+    for prompt, final in zip(prompts, finals[:-1], strict=True):
+        assert final.error is None
+        assert list(final.token_ids) == solo_greedy(prompt, 5)
+    assert engine.stats().pages_in_use == 0

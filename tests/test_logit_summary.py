@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -127,3 +128,57 @@ def test_a_batch_with_controls_or_top_logprobs_takes_the_torch_path(
     got = sample_batch(logits, rows_of(params), frozenset({7}), summarise)
     assert counted.calls == 0
     assert got == sample_rows(logits, rows_of(params), frozenset({7}))
+
+
+@pytest.mark.spec("ENG-158", "ENG-070")
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [1, 16, 17, 151, 1000])
+def test_a_row_holding_nan_has_a_nan_largest_value(
+    vocab: int, dtype: torch.dtype, portable: bool
+) -> None:
+    """NaN at position 0, in a lane of a later 16-wide block, in the tail past the last whole
+    block and at the row's largest value: exactly those rows read NaN; the others keep their
+    summary."""
+    logits = tied_rows(vocab, dtype)
+    clean = logits.clone()
+    poisoned = {0: 0, 2: min(vocab - 1, 21), 3: vocab - 1, 5: min(vocab - 1, 5)}
+    for row, position in poisoned.items():
+        logits[row, position] = float("nan")
+    summarise = kernel(portable)
+    summary, want = summarise(logits), summarise(clean)
+    assert torch.isnan(summary.largest).tolist() == [r in poisoned for r in range(6)]
+    kept = [r for r in range(6) if r not in poisoned]
+    for field in ("largest", "index", "log_sum"):
+        assert torch.equal(getattr(summary, field)[kept], getattr(want, field)[kept])
+
+
+@pytest.mark.spec("ENG-158", "ENG-040")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_greedy_batch_takes_its_logprobs_from_the_summary_to_the_bit(
+    dtype: torch.dtype,
+) -> None:
+    """Every row greedy: tokens are the argmax and each log-probability is the summary's
+    ``(x[t] - largest) - log_sum`` exactly, the sign of a zero included (a row of one possible
+    token); a batch holding a row whose largest value is infinite keeps that formula's NaN."""
+    logits = tied_rows(1000, dtype)
+    logits[4] = float("-inf")
+    logits[4, 7] = 5.0  # log_sum 0: its token's log-probability is +0.0
+    summarise = kernel()
+    for infinite in (False, True):
+        if infinite:
+            logits[1, 40] = float("inf")
+        rows = rows_of([SamplingParams(temperature=0.0)] * logits.shape[0])
+        summary = summarise(logits)
+        got = sample_batch(logits, rows, frozenset(), summarise)
+        want = summary.logprobs(logits, summary.index).tolist()
+        assert [s.token_id for s in got] == logits.float().argmax(dim=1).tolist()
+        assert summary.log_sum[4].item() == 0.0
+        for row, value in enumerate(want):
+            if math.isnan(value):
+                assert infinite
+                assert row == 1
+                assert math.isnan(got[row].logprob)
+                continue
+            assert got[row].logprob == value
+            assert math.copysign(1.0, got[row].logprob) == math.copysign(1.0, value)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 import uuid
 from collections.abc import Callable, Generator, Sequence
@@ -31,12 +32,12 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.generation_config import GenerationDefaults
 from pagedkv.engine.group import RequestGroup
-from pagedkv.engine.logit_summary import LogitSummary
+from pagedkv.engine.logit_summary import LogitSummary, RowSummary
 from pagedkv.engine.outputs import EngineStats, FinishReason, RequestOutput, StepReport
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.engine.prompts import PromptType, parse_prompt
 from pagedkv.engine.request import Request, RequestStatus
-from pagedkv.engine.sampler import Sampled, SampleRow, sample_batch
+from pagedkv.engine.sampler import Sampled, SampleRow, sample_batch, summarise
 from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput, make_scheduler
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest, RequestTooLong, RunnerFailed
@@ -394,8 +395,11 @@ class LLMEngine:
     ) -> list[SampledToken | SampleError]:
         """Every row in one batch; rows with NaN logits fail alone, and if the batch raises
         anyway, each row is sampled on its own so that only the rows that raise fail."""
-        # A row's maximum is NaN exactly when the row holds one: one pass, no [R, vocab] mask.
-        bad = set(torch.isnan(logits.amax(dim=1)).nonzero().flatten().tolist())
+        summary = summarise(logits, rows, self._logit_summary)
+        # A row's largest value is NaN exactly when the row holds one: read from the summary
+        # where the batch has one (ENG-158), else one pass of amax; no [R, vocab] mask.
+        largest = summary.largest if summary is not None else logits.amax(dim=1)
+        bad = {i for i, value in enumerate(largest.tolist()) if math.isnan(value)}
         good = [i for i in range(len(rows)) if i not in bad]
         out: list[SampledToken | SampleError] = [
             SampleError("sampling failed: the model's logits hold NaN") for _ in rows
@@ -404,7 +408,10 @@ class LLMEngine:
             picked = logits
             if bad:
                 picked = logits.index_select(0, torch.tensor(good, dtype=torch.int64))
-            results = self._sample_batch(picked, [rows[i] for i in good], self.scheduler.eos_ids)
+                summary = None  # the good rows' own is taken by the sampler
+            results = self._sample_batch(
+                picked, [rows[i] for i in good], self.scheduler.eos_ids, summary
+            )
             for i, result in zip(good, results, strict=True):
                 out[i] = _sampled_token(result, rows[i].params)
         except Exception:  # find the rows that raise: each fails alone
@@ -419,11 +426,15 @@ class LLMEngine:
         return out
 
     def _sample_batch(
-        self, logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int]
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SampleRow],
+        stop_ids: frozenset[int],
+        summary: RowSummary | None = None,
     ) -> list[Sampled]:
         """:func:`~pagedkv.engine.sampler.sample_batch` with this engine's logit summary
-        kernel (ENG-158)."""
-        return sample_batch(logits, rows, stop_ids, self._logit_summary)
+        kernel (ENG-158), and the summary of these rows where it was taken already."""
+        return sample_batch(logits, rows, stop_ids, self._logit_summary, summary)
 
     def _outputs(self, advanced: Sequence[Request]) -> list[RequestOutput]:
         """Detokenize the sequences that got a token (a stop string ends one here), then the

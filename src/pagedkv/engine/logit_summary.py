@@ -1,7 +1,9 @@
 """Each row of a batch's logits summarised in one C call (``native/logit_summary.c``, built on
 first use by :mod:`pagedkv.native.build`): its largest value, the first index holding it, and
 ``log(sum(exp(x - largest)))``, so that greedy tokens and the chosen tokens' log-probabilities
-need no float32 copy of the logits and no ``[R, vocab]`` log-softmax (ENG-158).
+need no float32 copy of the logits and no ``[R, vocab]`` log-softmax (ENG-158). A row holding a
+NaN is marked by a NaN largest value, so the engine finds the rows it must fail (ENG-070) in the
+summary rather than in a pass of its own over the logits.
 
 Why: a decode step of 32 rows of Qwen3's 151936-token vocabulary converted them to float32,
 took their log-softmax and their maximum, each a pass writing or reading 19 MB: 28 ms of an
@@ -42,7 +44,8 @@ class RowSummary:
     """One batch's rows, each tensor ``[R]`` on the CPU.
 
     Attributes:
-        largest: each row's largest logit, float32.
+        largest: each row's largest logit, float32; NaN for a row holding a NaN (whose other
+            two values then mean nothing).
         index: the first index holding it (torch's argmax), int64.
         log_sum: ``log(sum(exp(x - largest)))`` over the row, float32.
     """
@@ -89,8 +92,8 @@ class LogitSummary:
         )
 
     def __call__(self, logits: torch.Tensor) -> RowSummary:
-        """The summary of every row of ``logits``, which :meth:`takes` accepts and which
-        holds no NaN (the engine fails such rows before sampling, ENG-070)."""
+        """The summary of every row of ``logits``, which :meth:`takes` accepts; a row holding
+        a NaN is summarised with a NaN largest value."""
         rows, vocab = logits.shape
         largest = torch.empty(rows, dtype=torch.float32)
         index = torch.empty(rows, dtype=torch.int64)

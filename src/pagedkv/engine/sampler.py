@@ -12,6 +12,7 @@ control (vLLM's default ``raw_logprobs``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -223,19 +224,30 @@ def sample_batch(
     rows: Sequence[SampleRow],
     stop_ids: frozenset[int] = frozenset(),
     kernel: LogitSummary | None = None,
+    summary: RowSummary | None = None,
 ) -> list[Sampled]:
     """:func:`sample_rows`, for ``logits`` float32 or bfloat16. With ``kernel``, a batch whose
     rows have no control to apply and ask for no top logprobs takes greedy tokens and the
     chosen tokens' log-probabilities from the kernel's summary of the rows, with no float32
-    copy of the logits and no log-softmax (ENG-158)."""
-    if (
-        kernel is not None
-        and kernel.takes(logits)
-        and not _controlled(rows)
-        and not any(r.params.logprobs for r in rows)
-    ):
-        return _sample_summarised(logits, rows, kernel(logits))
+    copy of the logits and no log-softmax (ENG-158). ``summary``: that summary, where the
+    caller has taken it already (:func:`summarise`, on these very rows)."""
+    if summary is None:
+        summary = summarise(logits, rows, kernel)
+    if summary is not None:
+        return _sample_summarised(logits, rows, summary)
     return sample_rows(logits, rows, stop_ids)
+
+
+def summarise(
+    logits: torch.Tensor, rows: Sequence[SampleRow], kernel: LogitSummary | None
+) -> RowSummary | None:
+    """``kernel``'s summary of ``logits`` where :func:`sample_batch` samples the batch from
+    it (ENG-158), else ``None``. A row holding a NaN has a NaN largest value in it."""
+    if kernel is None or not kernel.takes(logits):
+        return None
+    if _controlled(rows) or any(r.params.logprobs for r in rows):
+        return None
+    return kernel(logits)
 
 
 def _sample_summarised(
@@ -243,8 +255,13 @@ def _sample_summarised(
 ) -> list[Sampled]:
     """:func:`sample_batch` for rows without controls or top logprobs: greedy rows take the
     summary's argmax, the others draw from their own rows (converted to float32 alone)."""
-    tokens = summary.index.clone()
     random = [i for i, r in enumerate(rows) if not r.params.greedy]
+    # Every row greedy: each token holds its row's largest value, so its log-probability
+    # (x[t] - largest) - log_sum is 0.0 - log_sum, to the bit, where that value is finite.
+    if not random and all(math.isfinite(value) for value in summary.largest.tolist()):
+        greedy = zip(summary.index.tolist(), summary.log_sum.tolist(), strict=True)
+        return [Sampled(t, 0.0 - s, ()) for t, s in greedy]
+    tokens = summary.index.clone()
     if random:
         picked = torch.tensor(random, dtype=torch.int64)
         probs = filtered_probs_batch(
@@ -259,7 +276,7 @@ def _controlled(rows: Sequence[SampleRow]) -> bool:
     """Whether :func:`processed_logits` would change any row: a row still short of its
     ``min_tokens``, with a ``logit_bias`` or with a penalty."""
     return any(
-        len(r.output_token_ids) < r.params.min_tokens or r.params.bias or r.params.has_penalties
+        r.params.bias or r.params.has_penalties or len(r.output_token_ids) < r.params.min_tokens
         for r in rows
     )
 

@@ -6,8 +6,10 @@
  * reads it from the core's own cache.
  *
  * Shapes: logits [rows, vocab] float32 or bfloat16, rows `stride` elements apart,
- * 1 <= vocab < 2^31, no NaN (the caller fails such rows first); out: largest, log_sum [rows]
- * float32, index [rows] int64. The caller checks all of it.
+ * 1 <= vocab < 2^31; out: largest, log_sum [rows] float32, index [rows] int64. The caller
+ * checks all of it. A row holding a NaN gets a NaN largest (its index and log_sum mean
+ * nothing): the first pass notes it as it reads, so the caller finds the rows to fail
+ * (ENG-070) in the summary instead of a pass of its own over the logits.
  */
 #include <math.h>
 #include <stdint.h>
@@ -27,8 +29,10 @@ static inline float at_bfloat16(const void *row, int64_t i) {
                      float *log_sum) {                                                    \
         float most = AT(row, 0);                                                          \
         int64_t first = 0;                                                                \
+        int unordered = isnan(most);                                                      \
         for (int64_t i = 1; i < vocab; ++i) {                                             \
             float x = AT(row, i);                                                         \
+            unordered |= isnan(x);                                                        \
             if (x > most) {                                                               \
                 most = x;                                                                 \
                 first = i;                                                                \
@@ -36,7 +40,7 @@ static inline float at_bfloat16(const void *row, int64_t i) {
         }                                                                                 \
         float total = 0.0f;                                                               \
         for (int64_t i = 0; i < vocab; ++i) total += exp_nonpositive(AT(row, i) - most);  \
-        *largest = most;                                                                  \
+        *largest = unordered ? NAN : most;                                                \
         *index = first;                                                                   \
         *log_sum = logf(total);                                                           \
     }
@@ -69,9 +73,11 @@ static inline __m512 load16_bfloat16(const void *row, int64_t i, __mmask16 m) {
         /* The first 16 positions start every lane (a row of -inf is then position 0's). */ \
         __m512 top = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), m0, LOAD(row, 0, m0));  \
         __m512i at = lane;                                                                \
+        __mmask16 unordered = _mm512_cmp_ps_mask(top, top, _CMP_UNORD_Q);                 \
         for (int64_t i = 16; i < vocab; i += 16) {                                        \
             __mmask16 m = vocab - i >= 16 ? 0xFFFF : (__mmask16)((1u << (vocab - i)) - 1); \
             __m512 x = LOAD(row, i, m);                                                   \
+            unordered |= _mm512_mask_cmp_ps_mask(m, x, x, _CMP_UNORD_Q);                  \
             __mmask16 greater = _mm512_mask_cmp_ps_mask(m, x, top, _CMP_GT_OQ);           \
             top = _mm512_mask_mov_ps(top, greater, x);                                    \
             at = _mm512_mask_mov_epi32(at, greater,                                       \
@@ -86,7 +92,7 @@ static inline __m512 load16_bfloat16(const void *row, int64_t i, __mmask16 m) {
             __m512 e = exp16_nonpositive(_mm512_sub_ps(LOAD(row, i, m), shift));          \
             sum = _mm512_mask_add_ps(sum, m, sum, e);                                     \
         }                                                                                 \
-        *largest = most;                                                                  \
+        *largest = unordered ? NAN : most;                                                \
         *index = first;                                                                   \
         *log_sum = logf(_mm512_reduce_add_ps(sum));                                       \
     }
