@@ -20,16 +20,18 @@ from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.engine.static_decode import StaticDecode
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
+from pagedkv.model.decode_layers import DecodeLayers, DecodeStep
 from pagedkv.model.fused_norms import FusedNorms, has_fused_norms, use_fused_norms
 from pagedkv.model.fused_swiglu import FusedSwiGLU, has_fused_swiglu, use_fused_swiglu
 from pagedkv.model.loader import load_model
 from pagedkv.model.packed_gemv import PackedGemv, has_packed_gemv, use_packed_gemv
 from pagedkv.model.packed_layout import LAYOUTS
 from pagedkv.model.packing import is_packed, pack_linear_weights, weight_nbytes
-from pagedkv.model.qwen3 import Qwen3ForCausalLM
+from pagedkv.model.qwen3 import Layers, Qwen3ForCausalLM
 from pagedkv.model.step_attention import PagedStepAttention, RecomputeStepAttention, StepAttention
 from pagedkv.native.build import BuildFailure
 from pagedkv.plan import StepPlan
+from pagedkv.store.native_decode import NativeDecode
 from pagedkv.store.paged_store import PagedAttentionMetadata, TorchPagedStore
 
 #: Turns a step plan into the step's attention (validating the plan against the cache mode).
@@ -106,6 +108,7 @@ class ModelRunner:
             pack_linear_weights(model)
         self._fuse_kernels(model)
         self._use_packed_gemv(model)
+        self._layers = self._decode_layers(model, store)
         self._retain_freed_memory(next(model.parameters()).device)
 
     def _fuse_kernels(self, model: Qwen3ForCausalLM) -> None:
@@ -160,6 +163,24 @@ class ModelRunner:
                 "reads (pack_weights off, compile on, or a dtype or device oneDNN does not "
                 f"pack, or a layout other than {', '.join(layout.name for layout in LAYOUTS)})"
             )
+
+    def _decode_layers(
+        self, model: Qwen3ForCausalLM, store: PagedStore | None
+    ) -> DecodeLayers | None:
+        """Apply ``options.decode_layers`` (ENG-160): the program over ``store``'s pools.
+
+        Raises:
+            InvalidRequest: ``True`` where the program cannot run the model and store.
+        """
+        wanted = self.options.decode_layers
+        if wanted is False:
+            return None
+        program = _decode_program(model, store, self._static is not None)
+        if isinstance(program, BuildFailure):
+            if wanted:
+                raise InvalidRequest(f"decode_layers: {program.reason}")
+            return None
+        return program
 
     def _retain_freed_memory(self, device: torch.device) -> None:
         """Apply ``options.retain_freed_memory`` (ENG-114).
@@ -297,8 +318,44 @@ class ModelRunner:
             ):
                 logits = self._static.run(plan, attention.metadata)
             else:
-                logits = self.model(plan, attention)
+                logits = self.model(plan, attention, self._layers_for(plan, attention))
         return logits.float().cpu()
+
+    def _layers_for(self, plan: StepPlan, attention: StepAttention) -> Layers | None:
+        """The decode layers program bound to this step, where it takes the step: every
+        sequence decodes one row, all of them in the one group the C decode kernel attends,
+        no more rows than its products take (ENG-160); else ``None``, the modules."""
+        program = self._layers
+        if program is None or not isinstance(attention, PagedStepAttention):
+            return None
+        metadata = attention.metadata
+        if not isinstance(metadata, PagedAttentionMetadata) or len(metadata.layout.groups) != 1:
+            return None
+        # The groups cover every row once, so a lone decode group (the only kind with context
+        # lengths) holds every row of the step, a sequence each, in order.
+        (group,) = metadata.layout.groups
+        if group.context_lens is None or not program.takes(plan.num_tokens):
+            return None
+        step = DecodeStep(attention.slot_mapping, group.kv_index, group.context_lens)
+        return partial(program, step=step)
+
+
+def _decode_program(
+    model: Qwen3ForCausalLM, store: PagedStore | None, static: bool
+) -> DecodeLayers | BuildFailure:
+    """The decode layers program (ENG-160) of ``model`` over ``store``, or why it cannot be:
+    it runs v1 steps over the reference store whose decode attention is the C kernel, not
+    steps compiled or captured (``static``)."""
+    if static:
+        return BuildFailure("decode steps are compiled or captured (compile, cuda_graphs)")
+    if not isinstance(store, TorchPagedStore):
+        return BuildFailure("it runs v1 steps over pagedkv's TorchPagedStore")
+    kernel = store.decode_kernel
+    if not isinstance(kernel, NativeDecode):
+        return BuildFailure("the store's decode attention is not its C kernel (PST-009)")
+    pools = [(store.key_pool(i), store.value_pool(i)) for i in range(store.config.num_layers)]
+    flat = [(keys.flatten(0, 1), values.flatten(0, 1)) for keys, values in pools]
+    return DecodeLayers.build(model, flat, kernel.address)
 
 
 #: Largest decode batch run by :class:`StaticDecode` (larger ones take the ordinary path).

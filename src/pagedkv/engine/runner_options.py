@@ -51,6 +51,15 @@ class RunnerOptions:
             it cannot be built or no layer holds a weight it reads (``pack_weights`` off,
             ``compile`` on, another dtype or device) is refused, and so is ``False`` on a
             model whose layers another runner gave the kernel.
+        decode_layers: run every decoder layer of a decode step (one row per sequence, no
+            more rows than the packed products take) in one C call
+            (:mod:`pagedkv.model.decode_layers`, ENG-160): the kernels the modules call, in
+            their order, so the same tokens to the bit, without the Python between them. It
+            needs what it calls: fused norms and SwiGLU, every layer product read by the
+            packed GEMV, a dense model of one rank without attention bias, and a v1 runner
+            over the reference store whose decode attention is its C kernel, in the model's
+            dtype. ``None`` (the default): on where all of that holds; ``True`` where it does
+            not is refused.
     """
 
     pack_weights: bool | None = None
@@ -60,6 +69,7 @@ class RunnerOptions:
     fused_norms: bool | None = None
     fused_swiglu: bool | None = None
     packed_gemv: bool | None = None
+    decode_layers: bool | None = None
 
     @property
     def packs(self) -> bool:

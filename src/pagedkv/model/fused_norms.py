@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from pagedkv.model.layers import RMSNorm
-from pagedkv.native.build import BuildFailure, load_library
+from pagedkv.native.build import BuildFailure, entry_address, load_library
 
 #: The kernel's C source, shipped with the package.
 SOURCE = Path(__file__).with_name("native") / "fused_norms.c"
@@ -64,6 +64,12 @@ class FusedNorms:
         self._rms_norm_rope.restype = ctypes.c_int
         self.dtype = dtype
         self._code = DTYPE_CODES[dtype]
+
+    @property
+    def addresses(self) -> tuple[int, int]:
+        """The entry points ``add_rms_norm`` and ``rms_norm_rope``, for C code that calls them
+        (``decode_layers.c``)."""
+        return entry_address(self._add_rms_norm), entry_address(self._rms_norm_rope)
 
     @classmethod
     def build(cls, dtype: torch.dtype, folder: Path | None = None) -> FusedNorms | BuildFailure:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from pagedkv.model.layers import SwiGLUMLP
-from pagedkv.native.build import BuildFailure, load_library
+from pagedkv.native.build import BuildFailure, entry_address, load_library
 
 #: The kernel's C source, shipped with the package.
 SOURCE = Path(__file__).with_name("native") / "swiglu.c"
@@ -53,6 +53,11 @@ class FusedSwiGLU:
         self._swiglu.restype = None
         self.dtype = dtype
         self._code = DTYPE_CODES[dtype]
+
+    @property
+    def address(self) -> int:
+        """The entry point ``swiglu``, for C code that calls it (``decode_layers.c``)."""
+        return entry_address(self._swiglu)
 
     @classmethod
     def build(

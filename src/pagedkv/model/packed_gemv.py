@@ -48,7 +48,7 @@ from torch import nn
 
 from pagedkv.model.layers import Linear
 from pagedkv.model.packed_layout import AMX_LAYOUT, BlockedLayout, PackedWeight
-from pagedkv.native.build import BuildFailure, load_library
+from pagedkv.native.build import BuildFailure, entry_address, load_library
 
 #: The kernel's C source, shipped with the package.
 SOURCE = Path(__file__).with_name("native") / "packed_gemv.c"
@@ -133,6 +133,17 @@ class PackedGemv:
         if layout.name in self._wide:
             return WIDE_ROWS
         return MAX_ROWS
+
+    def entry_address(self, layout: BlockedLayout, rows: int) -> int | None:
+        """The entry point :meth:`product` calls for ``rows`` rows (1 or more) with a weight
+        in ``layout``, for C code that calls it (``decode_layers.c``); ``None`` where no
+        kernel here takes that many."""
+        if rows > self.max_rows(layout) or layout.name not in self._entries:
+            return None
+        if rows <= MAX_ROWS:
+            return entry_address(self._entries[layout.name])
+        entry = self._amx if layout.name == AMX_LAYOUT.name else self._wide.get(layout.name)
+        return None if entry is None else entry_address(entry)
 
     def reads(self, weight: PackedWeight | None) -> bool:
         """Whether the kernel reads ``weight``'s layout (``None``: a layout not known)."""

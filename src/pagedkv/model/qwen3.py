@@ -16,6 +16,7 @@ hidden layer; every rank runs the same plan and rank 0 receives the logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,6 +31,10 @@ from pagedkv.model.rope import RotaryEmbedding
 from pagedkv.model.step_attention import StepAttention
 from pagedkv.model.tensor_parallel import Collectives, ShardLayout, SingleRank
 from pagedkv.plan import StepPlan
+
+#: Runs every decoder layer in place of the modules: ``(embeddings, cos, sin)`` to the last
+#: layer's ``(output, residual)`` (:class:`~pagedkv.model.decode_layers.DecodeLayers`).
+Layers = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -160,15 +165,22 @@ class Qwen3ForCausalLM(nn.Module):
 
     if TYPE_CHECKING:  # nn.Module.__call__ is untyped; calling the model runs forward
 
-        def __call__(self, plan: StepPlan, attention: StepAttention) -> torch.Tensor: ...
+        def __call__(
+            self, plan: StepPlan, attention: StepAttention, layers: Layers | None = None
+        ) -> torch.Tensor: ...
 
-    def forward(self, plan: StepPlan, attention: StepAttention) -> torch.Tensor:
+    def forward(
+        self, plan: StepPlan, attention: StepAttention, layers: Layers | None = None
+    ) -> torch.Tensor:
         """Run one step.
 
         Args:
             plan: the step's tokens and positions, on the model's device.
             attention: the step's attention, prepared from the same plan (by the runner):
                 where this step's K/V go and what each sequence attends to.
+            layers: runs the decoder layers instead of their modules, for a step it was
+                prepared for (the runner's decode layers program, ENG-160); ``None``: the
+                modules.
 
         Returns:
             ``[len(plan.logits_indices), vocab_size]`` float32 logits of the rows
@@ -179,8 +191,11 @@ class Qwen3ForCausalLM(nn.Module):
         hidden = self.model.embed_tokens(plan.input_ids)
         cos, sin = self.rotary(plan.positions, hidden.dtype)
         residual: torch.Tensor | None = None
-        for layer in self.model.layers:
-            hidden, residual = layer(hidden, residual, cos, sin, attention)
+        if layers is not None:
+            hidden, residual = layers(hidden, cos, sin)
+        else:
+            for layer in self.model.layers:
+                hidden, residual = layer(hidden, residual, cos, sin, attention)
         rows = plan.logits_indices
         if residual is None:
             hidden = self.model.norm(hidden.index_select(0, rows))

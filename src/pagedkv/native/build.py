@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: Every kernel's compiler flags: optimised for this CPU, OpenMP, a shared library.
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
@@ -121,6 +122,16 @@ def build_library(
     except OSError as exc:
         return BuildFailure(f"cannot build into {folder}: {exc}")
     return library
+
+
+def entry_address(entry: Any) -> int:
+    """The address of a loaded library's entry point (a ``ctypes`` function of a
+    :func:`load_library` library), for C code that calls it by pointer
+    (as ``decode_layers.c`` calls the other kernels)."""
+    address = ctypes.cast(entry, ctypes.c_void_p).value
+    if address is None:
+        raise ValueError("a loaded entry point has an address")
+    return address
 
 
 def load_library(

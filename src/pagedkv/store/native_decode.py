@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from pagedkv.native.build import BuildFailure, load_library
+from pagedkv.native.build import BuildFailure, entry_address, load_library
 from pagedkv.store.decode_attention import decode_attention
 
 #: The kernel's C source, shipped with the package.
@@ -73,6 +73,11 @@ class NativeDecode:
         self._entry.argtypes = _ARGTYPES
         self._entry.restype = ctypes.c_int
         self._code = DTYPE_CODES[dtype]
+
+    @property
+    def address(self) -> int:
+        """The kernel's entry point, for C code that calls it (``decode_layers.c``)."""
+        return entry_address(self._entry)
 
     @classmethod
     def build(cls, dtype: torch.dtype, folder: Path | None = None) -> NativeDecode | BuildFailure:

@@ -196,6 +196,11 @@ class TorchPagedStore:
         return self._decode is not None
 
     @property
+    def decode_kernel(self) -> DecodeKernel | None:
+        """The kernel decode groups attend through (PST-008), ``None`` where they gather."""
+        return self._decode
+
+    @property
     def num_slots(self) -> int:
         """``num_pages * page_size``: flat slots per layer."""
         return self._num_slots
