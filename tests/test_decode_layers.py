@@ -17,7 +17,6 @@ from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import StoreConfig
 from pagedkv.model.decode_layers import DecodeLayers
 from pagedkv.model.loader import load_model
 from pagedkv.plan import StepPlan
@@ -93,9 +92,14 @@ def run(runner: ModelRunner, count: int) -> list[tuple[list[int], list[float]]]:
     return results
 
 
-def pools(runner: ModelRunner) -> list[torch.Tensor]:
+def store_of(runner: ModelRunner) -> TorchPagedStore:
     store = runner._store
     assert isinstance(store, TorchPagedStore)
+    return store
+
+
+def pools(runner: ModelRunner) -> list[torch.Tensor]:
+    store = store_of(runner)
     layers = store.config.num_layers
     return [store.key_pool(i) for i in range(layers)] + [store.value_pool(i) for i in range(layers)]
 
@@ -159,17 +163,7 @@ def test_the_option_is_refused_where_the_program_cannot_run(
     model = load_model(tied)
     with pytest.raises(InvalidRequest, match="decode_layers: it runs v1 steps"):
         ModelRunner.recompute(model, RunnerOptions(decode_layers=True))
-    config = model.config
-    gathered = TorchPagedStore(
-        StoreConfig(
-            num_layers=config.num_hidden_layers,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim,
-            page_size=PAGE,
-            num_pages=PAGES,
-        ),
-        fused_decode=False,
-    )
+    gathered = TorchPagedStore(store_of(runner(tied, "float32")).config, fused_decode=False)
     with pytest.raises(InvalidRequest, match=r"decode_layers: .*not its C kernel"):
         ModelRunner.paged(model, gathered, RunnerOptions(decode_layers=True))
     assert ModelRunner.paged(model, gathered)._layers is None
