@@ -1,7 +1,8 @@
 """Products of few rows with a packed weight, read where oneDNN keeps it, by small C kernels
 built on first use by :mod:`pagedkv.native.build`: one to four rows by ``native/packed_gemv.c``
-(ENG-117), bfloat16 products of 5 to 32 rows on the AMX tiles by ``native/amx_gemm.c``
-where the CPU has them (ENG-118), and products of 5 to 8 rows with weights in 64-output
+(ENG-117), bfloat16 products of 1 to 32 rows in the AMX layout on the AMX tiles by
+``native/amx_gemm.c`` where the CPU has them (ENG-118; faster than ``packed_gemv.c`` at every
+row count there), and products of 5 to 8 rows with weights in 64-output
 blocks (float32; bfloat16 where the CPU has no AMX) by the wide entries of
 ``native/packed_gemv.c`` (ENG-119).
 
@@ -134,15 +135,22 @@ class PackedGemv:
             return WIDE_ROWS
         return MAX_ROWS
 
+    def _entry(self, name: str, rows: int) -> Any:
+        """The entry point of ``rows`` rows (1 or more) with a weight in the layout ``name``:
+        the AMX kernel for all of its layout's where the tiles are there (ENG-118), else this
+        file's for 1 to :data:`MAX_ROWS` and the wide entries' for more (ENG-119); ``None``
+        where none takes that many."""
+        if name == AMX_LAYOUT.name and self._amx is not None:
+            return self._amx if rows <= AMX_ROWS else None
+        if rows <= MAX_ROWS:
+            return self._entries.get(name)
+        return self._wide.get(name) if rows <= WIDE_ROWS else None
+
     def entry_address(self, layout: BlockedLayout, rows: int) -> int | None:
         """The entry point :meth:`product` calls for ``rows`` rows (1 or more) with a weight
         in ``layout``, for C code that calls it (``decode_layers.c``); ``None`` where no
         kernel here takes that many."""
-        if rows > self.max_rows(layout) or layout.name not in self._entries:
-            return None
-        if rows <= MAX_ROWS:
-            return entry_address(self._entries[layout.name])
-        entry = self._amx if layout.name == AMX_LAYOUT.name else self._wide.get(layout.name)
+        entry = self._entry(layout.name, rows)
         return None if entry is None else entry_address(entry)
 
     def reads(self, weight: PackedWeight | None) -> bool:
@@ -181,10 +189,7 @@ class PackedGemv:
         out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
         name = weight.layout.name
         if rows.shape[0] > 0:
-            if rows.shape[0] <= MAX_ROWS:
-                entry = self._entries[name]
-            else:
-                entry = self._amx if name == AMX_LAYOUT.name else self._wide.get(name)
+            entry = self._entry(name, rows.shape[0])
             failed = entry is None or entry(
                 weight.address,
                 rows.data_ptr(),
