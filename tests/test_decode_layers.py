@@ -163,7 +163,12 @@ def test_the_option_is_refused_where_the_program_cannot_run(
     model = load_model(tied)
     with pytest.raises(InvalidRequest, match="decode_layers: it runs v1 steps"):
         ModelRunner.recompute(model, RunnerOptions(decode_layers=True))
-    gathered = TorchPagedStore(store_of(runner(tied, "float32")).config, fused_decode=False)
+    config = store_of(runner(tied, "float32")).config
+    gathered = TorchPagedStore(config, fused_decode=False)
+    other_dtype = TorchPagedStore(replace(config, dtype="bfloat16"))
+    with pytest.raises(InvalidRequest, match=r"decode_layers: .*K/V pools must be torch.float32"):
+        ModelRunner.paged(model, other_dtype, RunnerOptions(decode_layers=True))
+    assert ModelRunner.paged(model, other_dtype)._layers is None
     with pytest.raises(InvalidRequest, match=r"decode_layers: .*not its C kernel"):
         ModelRunner.paged(model, gathered, RunnerOptions(decode_layers=True))
     assert ModelRunner.paged(model, gathered)._layers is None

@@ -46,7 +46,8 @@ SOURCE = Path(__file__).with_name("native") / "decode_layers.c"
 
 _POINTER, _SIZE = ctypes.c_void_p, ctypes.c_int64
 
-#: A product of a layer, by the name of its module in :class:`_Layer`'s fields.
+#: A layer's products, as :class:`_Layer`'s fields name them (its weights, then their entry
+#: points ``<name>_product``).
 _PRODUCTS = ("qkv", "o", "gate_up", "down")
 
 
@@ -164,8 +165,9 @@ class DecodeLayers:
         )
         self._layers = layers
         self._pools = pools
-        #: The layers' structs for each row count seen, their product entry points for it.
-        self._programs: dict[int, ctypes.Array[_Layer]] = {}
+        #: For each row count seen: the layers' structs with their product entry points for
+        #: it, each buffer's offset in the step's allocation, and that allocation's elements.
+        self._programs: dict[int, tuple[ctypes.Array[_Layer], tuple[int, ...], int]] = {}
         hidden, q_width = config.hidden_size, config.num_attention_heads * config.head_dim
         kv_width = config.num_key_value_heads * config.head_dim
         inter = config.intermediate_size
@@ -228,12 +230,9 @@ class DecodeLayers:
         hidden = hidden.contiguous()
         cos, sin = cos.to(self.dtype).contiguous(), sin.to(self.dtype).contiguous()
         slots = step.slots.to(torch.int64).contiguous()
-        kv_index = step.kv_index.contiguous()
+        kv_index = step.kv_index.to(torch.int64).contiguous()
         lengths = step.lengths.to(torch.int64).contiguous()
-        offsets, total = [], 0
-        for width in self._row_widths:
-            offsets.append(total)
-            total += -(-rows * width // ALIGN) * ALIGN
+        program, offsets, total = self._program(rows)
         scratch = torch.empty(total, dtype=self.dtype)
         base, itemsize = scratch.data_ptr(), scratch.element_size()
         struct = _Step(
@@ -247,7 +246,6 @@ class DecodeLayers:
             hidden.data_ptr(),
             *(base + offset * itemsize for offset in offsets),
         )
-        program = self._program(rows)
         failed = self._entry(
             ctypes.byref(self._model),
             program,
@@ -259,10 +257,15 @@ class DecodeLayers:
             raise ValueError(f"layer {failed - 1} of the decode step failed in a kernel")
         return hidden, scratch[: hidden.numel()].view(hidden.shape)
 
-    def _program(self, rows: int) -> ctypes.Array[_Layer]:
-        """The layers' structs with the product entry points for ``rows`` rows."""
+    def _program(self, rows: int) -> tuple[ctypes.Array[_Layer], tuple[int, ...], int]:
+        """For ``rows`` rows: the layers' structs with their product entry points, each
+        buffer's offset in the step's one allocation (:data:`ALIGN`-aligned), and its size."""
         program = self._programs.get(rows)
         if program is None:
+            offsets, total = [], 0
+            for width in self._row_widths:
+                offsets.append(total)
+                total += -(-rows * width // ALIGN) * ALIGN
             structs = []
             for layer, (keys, values) in zip(self._layers, self._pools, strict=True):
                 weights = [_weight(p) for p in layer.products]
@@ -276,7 +279,7 @@ class DecodeLayers:
                         values.data_ptr(),
                     )
                 )
-            program = (_Layer * len(structs))(*structs)
+            program = ((_Layer * len(structs))(*structs), tuple(offsets), total)
             self._programs[rows] = program
         return program
 
