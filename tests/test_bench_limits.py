@@ -3,13 +3,13 @@ refusals, without running a workload."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_vllm import fake_vllm_interpreter
 
 from pagedkv.bench import cli, limits, peers, vllm_peer, vllm_worker
 from pagedkv.bench.machine import physical_cores, usable_cores
@@ -63,18 +63,19 @@ def test_vllm_without_its_interpreter_is_unavailable_with_the_reason(
         run_one_row(tmp_path)
 
 
-def run_one_row(model_dir: Path) -> dict[str, object]:
+def run_one_row(model_dir: Path) -> dict[str, float]:
     """One small batch row on the vLLM peer, with the peers' step budget."""
     row = vllm_peer.VllmRow("fp32_bs8", "batch", (((1, 2, 3), 4),))
-    return vllm_peer.run_vllm(
+    with vllm_peer.VllmPeer(
         model_dir,
         "float32",
-        [row],
         threads=1,
         max_model_len=64,
+        max_num_seqs=1,
         kv_cache_gib=1,
         max_num_batched_tokens=peers.STEP_TOKENS,
-    )
+    ) as peer:
+        return peer.run(row)
 
 
 def test_the_peer_table_has_the_issue_rows() -> None:
@@ -143,31 +144,10 @@ def test_a_peer_that_cannot_clear_its_prefix_cache_is_not_timed() -> None:
 def test_vllm_is_given_the_peers_step_token_budget(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The job carries the budget, and the worker hands it to vLLM's ``LLM``."""
-    python = tmp_path / "python"
-    python.touch()
-    monkeypatch.setenv(vllm_peer.PYTHON_ENV, str(python))
-    sent: list[dict[str, object]] = []
-
-    def fake_run(*args: object, **kwargs: object) -> SimpleNamespace:
-        sent.append(json.loads(str(kwargs["input"])))
-        return SimpleNamespace(returncode=0, stdout='{"rows": {}, "vllm": "x"}\n', stderr="")
-
-    monkeypatch.setattr(vllm_peer.subprocess, "run", fake_run)
+    """The budget goes to the worker, and the worker hands it to vLLM's ``LLM``."""
+    made = fake_vllm_interpreter(monkeypatch, tmp_path)
     run_one_row(tmp_path)
-    assert sent[0]["max_num_batched_tokens"] == peers.STEP_TOKENS == 4096
-
-    made: list[dict[str, object]] = []
-
-    class FakeLLM:
-        def __init__(self, **kwargs: object) -> None:
-            made.append(kwargs)
-
-    fake_vllm = SimpleNamespace(LLM=FakeLLM, SamplingParams=dict, __version__="x")
-    monkeypatch.setattr(vllm_worker.importlib, "import_module", lambda name: fake_vllm)
-    monkeypatch.setattr(vllm_worker.sys, "stdin", io.StringIO(json.dumps({**sent[0], "rows": []})))
-    assert vllm_worker.main() == 0
-    assert made[0]["max_num_batched_tokens"] == peers.STEP_TOKENS
+    assert json.loads(made.read_text())["max_num_batched_tokens"] == peers.STEP_TOKENS == 4096
 
 
 @pytest.mark.spec("SRV-048")

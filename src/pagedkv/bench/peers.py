@@ -8,8 +8,10 @@ Systems: pagedkv v1; transformers ``generate`` on one static batch of all the re
 lengths: no padding, its best case); vLLM's CPU backend, run from its own virtualenv as a
 subprocess (:mod:`pagedkv.bench.vllm_peer`), skipped with the reason when it cannot run. All use
 the run's threads, and the engines one step budget of 4096 positions (SRV-048). Each system
-runs each row once after a warm-up; vLLM runs first (its own process, its own copy of the
-weights), then pagedkv and transformers with the rows interleaved.
+runs each row :data:`REPEATS` times after a warm-up and reports the median, every repetition
+kept under ``samples`` (SRV-104). The three systems are loaded side by side (vLLM in its own
+process, with its own copy of the weights) and take turns run by run, the order rotating, so
+that a slow phase of the machine falls on all of them rather than on whichever ran then.
 
 The batched float32 rows also report the fraction of the machine's GEMM peak (a float32 matrix
 product measured in the run) that pagedkv reached, counting ``2 x parameters`` operations per
@@ -29,8 +31,8 @@ from pagedkv.bench.pagedkv_system import PAGE_SIZE, load_runner, make_engine, ru
 from pagedkv.bench.requests import BenchRequest, uniform_requests
 from pagedkv.bench.results import WorkloadResult
 from pagedkv.bench.run import RunResult
-from pagedkv.bench.stats import ratio, rounded
-from pagedkv.bench.vllm_peer import PeerUnavailable, VllmRow, run_vllm
+from pagedkv.bench.stats import median, ratio, rounded
+from pagedkv.bench.vllm_peer import PeerUnavailable, VllmPeer, VllmRow
 from pagedkv.engine.runner import ModelRunner
 
 PROMPT_LEN = 128
@@ -42,6 +44,9 @@ HF_BATCH_TARGET = 1.5
 #: Positions per step, every engine (SRV-048): vLLM's CPU default for its offline ``LLM``,
 #: given to vLLM explicitly and to pagedkv's engine.
 STEP_TOKENS = 4096
+#: Timed runs of each row on each system (SRV-104): one run of a row moved 10-20% between two
+#: full runs on one machine, more than some rows' margin over their target.
+REPEATS = 3
 #: pagedkv over vLLM's CPU backend, every row.
 VLLM_TARGET = 1.0
 PAGEDKV, HF, VLLM = "pagedkv", "hf-generate", "vllm-cpu"
@@ -77,16 +82,20 @@ def run(ctx: BenchContext) -> WorkloadResult:
     result = WorkloadResult("peers")
     checkpoint = qwen3_shaped_checkpoint(ctx.cache_dir)
     vocab = QWEN3_0_6B.vocab
-    figures: dict[str, dict[str, float | None]] = {r.name: {} for r in rows()}
+    samples: Samples = {r.name: {} for r in rows()}
     for dtype in DTYPES:
         dtype_rows = [r for r in rows() if r.dtype == dtype]
-        _vllm(ctx, result, checkpoint, dtype_rows, vocab, figures)
+        peer = _vllm(ctx, result, checkpoint, dtype)
         try:
-            _ours_and_hf(ctx, checkpoint, dtype, dtype_rows, vocab, figures)
+            _measure_rows(ctx, result, checkpoint, dtype_rows, vocab, samples, peer)
         except Exception as exc:  # recorded: one dtype failing must not lose the other
             result.errors[dtype] = f"{type(exc).__name__}: {exc}"
+        finally:
+            if peer is not None:
+                peer.close()
         gc.collect()
-    result.figures = settings_and_rows(checkpoint.name, ctx.threads, figures)
+    figures = medians(samples)
+    result.figures = settings_and_rows(checkpoint.name, ctx.threads, figures, samples)
     if ctx.device == "cpu":
         peak = gemm_peak_flops()
         result.figures["gemm_peak_gflop_per_s"] = rounded(peak / 1e9, 1)
@@ -103,71 +112,80 @@ def run(ctx: BenchContext) -> WorkloadResult:
     return result
 
 
+#: Each row's tokens/s on each system, one value per timed repetition.
+Samples = dict[str, dict[str, list[float]]]
+
+
+def medians(samples: Samples) -> dict[str, dict[str, float | None]]:
+    """Each row's figure on each system: the median of its repetitions (SRV-104)."""
+    return {
+        row: {system: rounded(median(values), 3) for system, values in by_system.items()}
+        for row, by_system in samples.items()
+    }
+
+
 def settings_and_rows(
-    checkpoint: str, threads: int, rows: dict[str, dict[str, float | None]]
+    checkpoint: str,
+    threads: int,
+    rows: dict[str, dict[str, float | None]],
+    samples: Samples | None = None,
 ) -> dict[str, object]:
-    """The workload's figures: its settings (the step budget among them, SRV-048) and each
-    row's tokens/s by system."""
+    """The workload's figures: its settings (the step budget among them, SRV-048, and the
+    repetitions, SRV-104), each row's tokens/s by system and, where given, every repetition's."""
     return {
         "checkpoint": checkpoint,
         "prompt_len": PROMPT_LEN,
         "new_tokens": NEW_TOKENS,
         "step_tokens": STEP_TOKENS,
         "threads": threads,
+        "repeats": REPEATS,
         "rows": rows,
+        "samples": samples or {},
     }
 
 
 def _vllm(
+    ctx: BenchContext, result: WorkloadResult, checkpoint: Checkpoint, dtype: str
+) -> VllmPeer | None:
+    """vLLM's CPU backend on ``checkpoint`` in ``dtype``, loaded; ``None`` (and a note of
+    why) where it cannot run."""
+    if ctx.device != "cpu":
+        result.notes.append("vLLM CPU: not run with --device cuda (it is a CPU backend)")
+        return None
+    ctx.log(f"peers: {dtype}: loading vLLM CPU backend (subprocess)")
+    itemsize = 4 if dtype == "float32" else 2
+    shape = QWEN3_0_6B
+    per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * itemsize
+    kv_bytes = per_position * max(BATCH_SIZES) * (PROMPT_LEN + NEW_TOKENS)
+    try:
+        peer = VllmPeer(
+            checkpoint.path,
+            dtype,
+            threads=ctx.threads,
+            max_model_len=PROMPT_LEN + NEW_TOKENS + PAGE_SIZE,
+            max_num_seqs=max(BATCH_SIZES),
+            kv_cache_gib=max(1, -(-2 * kv_bytes // 2**30)),  # twice what the rows hold
+            max_num_batched_tokens=STEP_TOKENS,
+        )
+    except PeerUnavailable as exc:
+        result.notes.append(f"vLLM CPU ({dtype}) not measured: {exc}")
+        return None
+    result.figures.setdefault("vllm_version", peer.version)
+    return peer
+
+
+def _measure_rows(
     ctx: BenchContext,
     result: WorkloadResult,
     checkpoint: Checkpoint,
     dtype_rows: list[Row],
     vocab: int,
-    figures: dict[str, dict[str, float | None]],
+    samples: Samples,
+    peer: VllmPeer | None,
 ) -> None:
-    if ctx.device != "cpu":
-        result.notes.append("vLLM CPU: not run with --device cuda (it is a CPU backend)")
-        return
-    ctx.log(f"peers: {dtype_rows[0].dtype}: vLLM CPU backend (subprocess)")
-    jobs = [
-        VllmRow(
-            r.name,
-            "decode" if r.batch == 1 else "batch",
-            tuple((q.prompt, q.max_tokens) for q in r.requests(vocab, ctx.seed)),
-        )
-        for r in dtype_rows
-    ]
-    itemsize = 4 if dtype_rows[0].dtype == "float32" else 2
-    shape = QWEN3_0_6B
-    per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * itemsize
-    kv_bytes = per_position * max(BATCH_SIZES) * (PROMPT_LEN + NEW_TOKENS)
-    try:
-        answer = run_vllm(
-            checkpoint.path,
-            dtype_rows[0].dtype,
-            jobs,
-            threads=ctx.threads,
-            max_model_len=PROMPT_LEN + NEW_TOKENS + PAGE_SIZE,
-            kv_cache_gib=max(1, -(-2 * kv_bytes // 2**30)),  # twice what the rows hold
-            max_num_batched_tokens=STEP_TOKENS,
-        )
-    except PeerUnavailable as exc:
-        result.notes.append(f"vLLM CPU ({dtype_rows[0].dtype}) not measured: {exc}")
-        return
-    result.figures.setdefault("vllm_version", answer.get("vllm"))
-    for row in dtype_rows:
-        figures[row.name][VLLM] = rounded(answer["rows"][row.name][row.metric], 3)
-
-
-def _ours_and_hf(
-    ctx: BenchContext,
-    checkpoint: Checkpoint,
-    dtype: str,
-    dtype_rows: list[Row],
-    vocab: int,
-    figures: dict[str, dict[str, float | None]],
-) -> None:
+    """Every row of one dtype, :data:`REPEATS` times on each system, the systems taking turns
+    in an order that rotates run by run."""
+    dtype = dtype_rows[0].dtype
     ctx.log(f"peers: {dtype}: loading pagedkv and transformers")
     per_seq = -(-(PROMPT_LEN + NEW_TOKENS) // PAGE_SIZE)
     num_pages = max(BATCH_SIZES) * per_seq + 16
@@ -177,15 +195,43 @@ def _ours_and_hf(
     # (PST-008) here, not inside the first batched row.
     warm_up(make_engine(runner, "v1", num_pages), vocab)
     run_generate_static(hf_model, [BenchRequest(tuple(range(1, 9)), 3)], batch_size=1)
-    for index, row in enumerate(dtype_rows):
+    systems = [PAGEDKV, HF] + ([VLLM] if peer is not None else [])
+    turn = 0
+    for row in dtype_rows:
         requests = row.requests(vocab, ctx.seed)
-        order = (PAGEDKV, HF) if index % 2 == 0 else (HF, PAGEDKV)
-        for system in order:
-            ctx.log(f"peers: {row.name}: {system}")
-            run = _measure(system, runner, hf_model, num_pages, requests)
-            value = run.decode_tokens_per_s if row.batch == 1 else run.tokens_per_s
-            figures[row.name][system] = rounded(value, 3)
+        for repeat in range(REPEATS):
+            for system in systems[turn:] + systems[:turn]:
+                ctx.log(f"peers: {row.name}: {system} ({repeat + 1}/{REPEATS})")
+                if system == VLLM:
+                    value = _run_vllm(result, peer, row, requests)
+                    if value is None:  # the worker failed: vLLM leaves the rotation
+                        systems.remove(VLLM)
+                        peer = None
+                        continue
+                else:
+                    run = _measure(system, runner, hf_model, num_pages, requests)
+                    value = run.decode_tokens_per_s if row.batch == 1 else run.tokens_per_s
+                samples[row.name].setdefault(system, []).append(value)
+            turn = (turn + 1) % len(systems)
     del runner, hf_model
+
+
+def _run_vllm(
+    result: WorkloadResult, peer: VllmPeer | None, row: Row, requests: list[BenchRequest]
+) -> float | None:
+    """One timed run of ``row`` on vLLM; ``None`` (and a note of why) where it failed."""
+    if peer is None:
+        return None
+    job = VllmRow(
+        row.name,
+        "decode" if row.batch == 1 else "batch",
+        tuple((q.prompt, q.max_tokens) for q in requests),
+    )
+    try:
+        return peer.run(job)[row.metric]
+    except PeerUnavailable as exc:
+        result.notes.append(f"vLLM CPU ({row.dtype}) stopped at {row.name}: {exc}")
+        return None
 
 
 def _measure(

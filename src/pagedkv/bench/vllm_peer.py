@@ -1,19 +1,24 @@
 """vLLM's CPU backend as a peer: its worker run in vLLM's own virtualenv, as a subprocess.
 
 vLLM pins its own dependencies, so it lives in ``.venv-vllm`` (``make vllm-install``), never in
-pagedkv's environment. :func:`run_vllm` sends :mod:`pagedkv.bench.vllm_worker` a job on its
-standard input and reads its JSON answer; where that interpreter does not exist, or the worker
-fails, the caller records the reason and the peer's figures are ``None``.
+pagedkv's environment. :class:`VllmPeer` starts :mod:`pagedkv.bench.vllm_worker` with that
+interpreter, which loads the model once and then times one row per request, so the caller can
+interleave vLLM's runs with the other systems' (SRV-104). Where that interpreter does not
+exist, or the worker fails, :class:`PeerUnavailable` says why and the caller records it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import IO, Any
 
 #: Environment variable naming the Python interpreter that has vLLM installed.
 PYTHON_ENV = "PAGEDKV_VLLM_PYTHON"
@@ -21,8 +26,9 @@ PYTHON_ENV = "PAGEDKV_VLLM_PYTHON"
 DEFAULT_PYTHON = Path(".venv-vllm") / "bin" / "python"
 #: vLLM's CPU backend needs a block size that is a multiple of 32.
 BLOCK_SIZE = 32
-#: Longest a worker may take (model load, warm-up and every row), seconds.
-TIMEOUT_S = 3600
+#: Longest the worker may take to load the model, or to answer one row (warm-up included),
+#: seconds.
+TIMEOUT_S = 1800
 
 
 class PeerUnavailable(Exception):
@@ -31,7 +37,7 @@ class PeerUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class VllmRow:
-    """One row of a job: its name, ``batch`` or ``decode``, and ``(prompt, max_tokens)``s."""
+    """One row: its name, ``batch`` or ``decode``, and ``(prompt, max_tokens)``s."""
 
     name: str
     kind: str
@@ -44,61 +50,138 @@ def vllm_python() -> Path:
     return Path(configured) if configured else DEFAULT_PYTHON
 
 
-def run_vllm(
-    model_dir: Path,
-    dtype: str,
-    rows: list[VllmRow],
-    *,
-    threads: int,
-    max_model_len: int,
-    kv_cache_gib: int,
-    max_num_batched_tokens: int,
-) -> dict[str, Any]:
-    """Run ``rows`` on vLLM's CPU backend with ``threads`` OpenMP threads and a step budget of
-    ``max_num_batched_tokens`` positions (SRV-048); the worker's answer
-    (``{"rows": {name: figures}, "vllm": version}``).
+class VllmPeer:
+    """One vLLM CPU engine on ``model_dir`` in its worker process, until :meth:`close`.
+
+    Args:
+        model_dir: the checkpoint.
+        dtype: ``float32`` or ``bfloat16``.
+        threads: OpenMP threads of the worker.
+        max_model_len: longest sequence, positions.
+        max_num_seqs: most requests of one row.
+        kv_cache_gib: vLLM's KV cache space, GiB.
+        max_num_batched_tokens: the step budget, positions (SRV-048).
 
     Raises:
-        PeerUnavailable: no vLLM interpreter, or the worker failed or timed out.
+        PeerUnavailable: no vLLM interpreter, or the worker failed to load the model.
     """
-    python = vllm_python()
-    if not python.is_file():
-        raise PeerUnavailable(
-            f"no vLLM interpreter at {python} (run `make vllm-install`, or set {PYTHON_ENV})"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        dtype: str,
+        *,
+        threads: int,
+        max_model_len: int,
+        max_num_seqs: int,
+        kv_cache_gib: int,
+        max_num_batched_tokens: int,
+    ) -> None:
+        python = vllm_python()
+        if not python.is_file():
+            raise PeerUnavailable(
+                f"no vLLM interpreter at {python} (run `make vllm-install`, or set {PYTHON_ENV})"
+            )
+        env = dict(os.environ)
+        env.update(
+            OMP_NUM_THREADS=str(threads),
+            VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
+            TOKENIZERS_PARALLELISM="false",
         )
-    job = {
-        "model": str(model_dir),
-        "dtype": dtype,
-        "block_size": BLOCK_SIZE,
-        "max_model_len": max_model_len,
-        "max_num_seqs": max(len(r.requests) for r in rows),
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "rows": [
-            {"name": r.name, "kind": r.kind, "requests": [[list(p), n] for p, n in r.requests]}
-            for r in rows
-        ],
-    }
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS=str(threads),
-        VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
-        TOKENIZERS_PARALLELISM="false",
-    )
-    try:
-        done = subprocess.run(
+        # vLLM logs freely: to a file, so that a full pipe can never stall the worker. It
+        # lives as long as the worker, closed by close().
+        self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
+        self._process = subprocess.Popen(
             [str(python), "-m", "pagedkv.bench.vllm_worker"],
-            input=json.dumps(job),
-            capture_output=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
             text=True,
             env=env,
-            timeout=TIMEOUT_S,
-            check=False,
         )
-    except subprocess.TimeoutExpired as exc:
-        raise PeerUnavailable(f"the vLLM worker ran past {TIMEOUT_S} s") from exc
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-        raise PeerUnavailable(f"the vLLM worker exited with {done.returncode}: {tail}")
-    answer: dict[str, Any] = json.loads(lines[-1])
-    return answer
+        setup = {
+            "model": str(model_dir),
+            "dtype": dtype,
+            "block_size": BLOCK_SIZE,
+            "max_model_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens,
+        }
+        try:
+            self.version = str(self._ask(setup).get("vllm"))
+        except PeerUnavailable:
+            self.close()
+            raise
+
+    def run(self, row: VllmRow) -> dict[str, float]:
+        """One timed run of ``row`` (after its warm-up, the first time its name comes): its
+        figures, ``output_tokens_per_s`` or ``decode_tokens_per_s`` and ``wall_s``.
+
+        Raises:
+            PeerUnavailable: the worker failed or ran past :data:`TIMEOUT_S`.
+        """
+        job = {
+            "name": row.name,
+            "kind": row.kind,
+            "requests": [[list(p), n] for p, n in row.requests],
+        }
+        return {k: float(v) for k, v in self._ask(job).items()}
+
+    def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one line, read the worker's one-line answer."""
+        stdin, stdout = self._process.stdin, self._process.stdout
+        if stdin is None or stdout is None:
+            raise PeerUnavailable("the vLLM worker has no pipes")
+        try:
+            stdin.write(json.dumps(message) + "\n")
+            stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise self._failure("the vLLM worker ended") from exc
+        ready, _, _ = select.select([stdout], [], [], TIMEOUT_S)
+        if not ready:
+            raise self._failure(f"the vLLM worker ran past {TIMEOUT_S} s")
+        line = stdout.readline()
+        if not line:
+            raise self._failure(f"the vLLM worker exited with {self._process.wait()}")
+        try:
+            answer: dict[str, Any] = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise self._failure(f"the vLLM worker answered {line[:200]!r}") from exc
+        return answer
+
+    def _failure(self, what: str) -> PeerUnavailable:
+        """``what``, with the last lines the worker logged; the worker is ended."""
+        self._end()
+        self._log.seek(0)
+        lines = self._log.read().decode(errors="replace").strip().splitlines()
+        self._log.close()
+        return PeerUnavailable(f"{what}: {' | '.join(lines[-3:])}")
+
+    def close(self) -> None:
+        """End the worker (its standard input closed; killed if it does not exit in a
+        minute) and drop its log. Idempotent."""
+        self._end()
+        self._log.close()
+
+    def _end(self) -> None:
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            with contextlib.suppress(OSError):  # the worker is gone already
+                self._process.stdin.close()
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+
+    def __enter__(self) -> VllmPeer:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,16 +1,17 @@
-"""Runs vLLM's CPU backend on the benchmark's workloads, inside vLLM's own virtualenv.
+"""Runs vLLM's CPU backend on the benchmark's rows, inside vLLM's own virtualenv.
 
 ``python -m pagedkv.bench.vllm_worker`` is started by :mod:`pagedkv.bench.vllm_peer` with the
 interpreter of ``.venv-vllm`` (``make vllm-install``); it imports nothing of pagedkv but this
-file, so only vLLM and the standard library need to be there. It reads a JSON job on standard
-input::
+file, so only vLLM and the standard library need to be there. It speaks JSON lines on standard
+input and output. The first line sets the engine up::
 
     {"model": DIR, "dtype": "float32", "block_size": 32, "max_model_len": 512,
-     "max_num_seqs": 32, "max_num_batched_tokens": 4096,
-     "rows": [{"name": "fp32-bs8", "kind": "batch", "requests": [[[ids...], max_tokens], ...]},
-              {"name": "fp32-bs1", "kind": "decode", "requests": [[[ids...], max_tokens]]}]}
+     "max_num_seqs": 32, "max_num_batched_tokens": 4096}
 
-and prints one JSON line ``{"rows": {name: {...}}, "vllm": version}`` on standard output:
+and is answered ``{"vllm": version}`` once the model is loaded. Every later line is one timed
+run of a row, answered with its figures, until standard input ends::
+
+    {"name": "fp32_bs8", "kind": "batch", "requests": [[[ids...], max_tokens], ...]}
 
 * ``batch``: every request submitted at once, greedy, exactly ``max_tokens`` each (EOS ignored);
   ``output_tokens_per_s`` over the wall time of the whole ``generate`` call (prefill included),
@@ -18,9 +19,11 @@ and prints one JSON line ``{"rows": {name: {...}}, "vllm": version}`` on standar
 * ``decode``: batch-1 decode: the same request run for ``max_tokens`` and for one token;
   ``decode_tokens_per_s = (max_tokens - 1) / (t_full - t_one)`` (prefill excluded).
 
-Each row runs once untimed first; every timed call starts from an empty prefix cache (SRV-047),
-as pagedkv's fresh engine does. The engine runs in this process (no engine-core process):
-on a machine of a few cores a second busy process would only take cores from the model.
+The first run of a row name is preceded by an untimed one (its warm-up); every timed call
+starts from an empty prefix cache (SRV-047), as pagedkv's fresh engine does. The process stays
+up between rows so that the caller can interleave them with the other systems' (SRV-104). The
+engine runs in this process (no engine-core process): on a machine of a few cores a second busy
+process would only take cores from the model.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 
 def _generate(llm: Any, sampling: Any, requests: list[list[Any]]) -> float:
@@ -59,37 +62,59 @@ def _timed(llm: Any, sampling: Any, requests: list[list[Any]]) -> float:
     return _generate(llm, sampling, requests)
 
 
-def _row(llm: Any, sampling: Any, row: dict[str, Any]) -> dict[str, float]:
+def _row(llm: Any, sampling: Any, row: dict[str, Any], warm_up: bool = True) -> dict[str, float]:
+    """One timed run of ``row``, after an untimed one where ``warm_up``."""
     requests: list[list[Any]] = row["requests"]
     if row["kind"] == "batch":
-        _generate(llm, sampling, requests)  # warm-up
+        if warm_up:
+            _generate(llm, sampling, requests)
         seconds = _timed(llm, sampling, requests)
         tokens = sum(n for _, n in requests)
         return {"output_tokens_per_s": tokens / seconds, "wall_s": seconds}
     (prompt, n) = requests[0]
-    _generate(llm, sampling, [[prompt, n]])  # warm-up
+    if warm_up:
+        _generate(llm, sampling, [[prompt, n]])
     one = _timed(llm, sampling, [[prompt, 1]])
     full = _timed(llm, sampling, [[prompt, n]])
     return {"decode_tokens_per_s": (n - 1) / (full - one), "wall_s": full}
 
 
+def serve(llm: Any, sampling: Any, lines: TextIO, out: TextIO) -> None:
+    """Answer each row on ``lines`` with one line of its figures, warming a row name up the
+    first time it comes."""
+    warmed: set[str] = set()
+    for line in lines:
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        figures = _row(llm, sampling, row, warm_up=row["name"] not in warmed)
+        warmed.add(row["name"])
+        print(json.dumps(figures), file=out, flush=True)
+
+
 def main() -> int:
-    """Run the job on standard input; the exit status."""
-    job = json.load(sys.stdin)
+    """Set the engine up from the first line of standard input, then serve rows; the exit
+    status."""
+    setup = json.loads(sys.stdin.readline())
+    # The answers keep standard output to themselves: whatever vLLM (or a library under it,
+    # from C) prints goes to standard error.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     vllm: Any = importlib.import_module("vllm")  # only in vLLM's own virtualenv
     llm = vllm.LLM(
-        model=job["model"],
+        model=setup["model"],
         skip_tokenizer_init=True,
-        dtype=job["dtype"],
-        block_size=job["block_size"],
-        max_model_len=job["max_model_len"],
-        max_num_seqs=job["max_num_seqs"],
-        max_num_batched_tokens=job["max_num_batched_tokens"],
+        dtype=setup["dtype"],
+        block_size=setup["block_size"],
+        max_model_len=setup["max_model_len"],
+        max_num_seqs=setup["max_num_seqs"],
+        max_num_batched_tokens=setup["max_num_batched_tokens"],
         seed=0,
     )
-    rows = {row["name"]: _row(llm, vllm.SamplingParams, row) for row in job["rows"]}
-    print(json.dumps({"rows": rows, "vllm": vllm.__version__}), flush=True)
+    print(json.dumps({"vllm": vllm.__version__}), file=answers, flush=True)
+    serve(llm, vllm.SamplingParams, sys.stdin, answers)
     return 0
 
 

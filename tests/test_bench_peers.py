@@ -1,0 +1,103 @@
+"""The peers workload's repetitions (SRV-104): vLLM's worker stays up between runs, the
+systems take turns in a rotating order, and each row reports the median of its runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from fake_vllm import fake_vllm_interpreter
+
+from pagedkv.bench import peers, vllm_peer
+from pagedkv.bench.context import BenchContext
+from pagedkv.bench.results import WorkloadResult
+
+
+def open_peer() -> vllm_peer.VllmPeer:
+    return vllm_peer.VllmPeer(
+        Path("unused"),
+        "float32",
+        threads=1,
+        max_model_len=64,
+        max_num_seqs=2,
+        kv_cache_gib=1,
+        max_num_batched_tokens=peers.STEP_TOKENS,
+    )
+
+
+@pytest.mark.spec("SRV-104")
+def test_the_vllm_worker_stays_up_and_warms_each_row_up_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake_vllm_interpreter(monkeypatch, tmp_path)
+    batch = vllm_peer.VllmRow("fp32_bs2", "batch", (((1, 2), 3), ((4, 5), 3)))
+    decode = vllm_peer.VllmRow("fp32_decode", "decode", (((1, 2), 5),))
+    with open_peer() as peer:
+        assert peer.version == "0.0-fake"
+        figures = [peer.run(batch), peer.run(batch), peer.run(decode), peer.run(decode)]
+    assert all(f["output_tokens_per_s"] > 0 for f in figures[:2])
+    assert all(f["decode_tokens_per_s"] > 0 for f in figures[2:])
+    calls = (tmp_path / "calls.txt").read_text().split()
+    # batch: warm-up, timed, timed; decode: warm-up, then (1 token, 5 tokens) twice.
+    assert calls == ["2", "2", "2", "1", "1", "1", "1", "1"]
+
+
+@pytest.mark.spec("SRV-104")
+def test_a_failing_vllm_worker_is_unavailable_with_its_last_words(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake_vllm_interpreter(monkeypatch, tmp_path)
+    monkeypatch.setenv("FAKE_VLLM_FAIL", "the fake engine broke")
+    with open_peer() as peer, pytest.raises(vllm_peer.PeerUnavailable) as caught:
+        peer.run(vllm_peer.VllmRow("r", "batch", (((1,), 2),)))
+    assert "exited with 1" in str(caught.value)
+    assert "the fake engine broke" in str(caught.value)
+
+
+class _FakePeer:
+    """A peer whose runs are logged in ``order``; each returns the next of ``rates``."""
+
+    def __init__(self, order: list[str], rates: list[float]) -> None:
+        self.order, self.rates = order, iter(rates)
+
+    def run(self, row: vllm_peer.VllmRow) -> dict[str, float]:
+        self.order.append(peers.VLLM)
+        value = next(self.rates)
+        return {"decode_tokens_per_s": value, "output_tokens_per_s": value}
+
+
+@pytest.mark.spec("SRV-104")
+def test_the_systems_take_turns_and_each_row_reports_its_median(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    order: list[str] = []
+    rates = {peers.PAGEDKV: iter([30.0, 10.0, 20.0] * 3), peers.HF: iter([5.0, 7.0, 6.0] * 3)}
+
+    def measure(system: str, *args: object) -> SimpleNamespace:
+        order.append(system)
+        value = next(rates[system])
+        return SimpleNamespace(decode_tokens_per_s=value, tokens_per_s=value)
+
+    for name in ("load_runner", "load_hf_model", "warm_up", "make_engine"):
+        monkeypatch.setattr(peers, name, lambda *a, **k: None)
+    monkeypatch.setattr(peers, "run_generate_static", lambda *a, **k: None)
+    monkeypatch.setattr(peers, "_measure", measure)
+    ctx = BenchContext(quick=False, threads=1, verbose=False)
+    dtype_rows = [r for r in peers.rows() if r.dtype == "float32"]
+    samples: peers.Samples = {r.name: {} for r in dtype_rows}
+    peer = _FakePeer(order, [1.0, 3.0, 2.0] * 3)
+    checkpoint = SimpleNamespace(path=Path("unused"))
+    peers._measure_rows(ctx, WorkloadResult("peers"), checkpoint, dtype_rows, 100, samples, peer)  # type: ignore[arg-type]
+
+    runs = [order[i : i + 3] for i in range(0, len(order), 3)]
+    assert len(runs) == peers.REPEATS * len(dtype_rows)
+    for row in range(len(dtype_rows)):  # each system leads one repetition of every row
+        leads = {run[0] for run in runs[row * peers.REPEATS : (row + 1) * peers.REPEATS]}
+        assert leads == {peers.PAGEDKV, peers.HF, peers.VLLM}
+    assert all(len(samples[r.name][s]) == peers.REPEATS for r in dtype_rows for s in rates)
+    figures = peers.medians(samples)
+    assert figures["fp32_bs8"] == {peers.PAGEDKV: 20.0, peers.HF: 6.0, peers.VLLM: 2.0}
+    recorded = peers.settings_and_rows("ck", 1, figures, samples)
+    assert recorded["repeats"] == peers.REPEATS
+    assert recorded["samples"] == samples
