@@ -104,9 +104,13 @@ def _flatten(chunks: Sequence[SeqChunk]) -> _Flat:
             raise InvalidRequest(f"start position {chunk.start_position} is negative")
         end = chunk.start_position + len(chunk.token_ids)
         flat.ids.extend(chunk.token_ids)
-        flat.positions.extend(range(chunk.start_position, end))
-        first = len(flat.ids) - len(chunk.token_ids) if chunk.all_logits else len(flat.ids) - 1
-        flat.logits_rows.extend(range(first, len(flat.ids)))
+        if len(chunk.token_ids) == 1:  # a decode row: no ranges to build
+            flat.positions.append(chunk.start_position)
+            flat.logits_rows.append(len(flat.ids) - 1)
+        else:
+            flat.positions.extend(range(chunk.start_position, end))
+            first = len(flat.ids) - len(chunk.token_ids) if chunk.all_logits else len(flat.ids) - 1
+            flat.logits_rows.extend(range(first, len(flat.ids)))
         flat.starts.append(len(flat.ids))
         flat.context_lens.append(end)
     return flat
@@ -166,6 +170,9 @@ def build_paged_plan(
         pages = chunk.pages
         if len(pages) * page_size < end:
             raise InvalidRequest(f"{len(pages)} pages cannot hold {end} positions")
+        if end - chunk.start_position == 1:  # a decode row's one slot
+            slots.append(pages[(end - 1) // page_size] * page_size + (end - 1) % page_size)
+            continue
         slots.extend(
             pages[p // page_size] * page_size + p % page_size
             for p in range(chunk.start_position, end)
