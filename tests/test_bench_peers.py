@@ -1,16 +1,20 @@
 """The peers workload's repetitions (SRV-104): vLLM's worker stays up between runs, the
-systems take turns in a rotating order, and each row reports the median of its runs."""
+systems take turns in a rotating order, each row reports the median of its runs and each
+ratio the median of the ratios within repetitions; the mixed workload's continuous-batching
+baseline is paired the same way."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from fake_vllm import fake_vllm_interpreter
 
-from pagedkv.bench import peers, vllm_peer
+from pagedkv.bench import mixed, peers, vllm_peer
 from pagedkv.bench.context import BenchContext
+from pagedkv.bench.hf_systems import HF_GENERATE_BATCH
 from pagedkv.bench.results import WorkloadResult
 
 
@@ -101,3 +105,57 @@ def test_the_systems_take_turns_and_each_row_reports_its_median(
     recorded = peers.settings_and_rows("ck", 1, figures, samples)
     assert recorded["repeats"] == peers.REPEATS
     assert recorded["samples"] == samples
+
+
+@pytest.mark.spec("SRV-104")
+def test_a_peer_ratio_is_the_median_of_the_ratios_within_repetitions() -> None:
+    """A slow phase that falls on one repetition of both systems cancels in its ratio: the
+    medians of each system's runs would give 68 / 69, the repetitions' ratios 1.23, 0.99 and
+    1.03."""
+    samples: peers.Samples = {r.name: {} for r in peers.rows()}
+    samples["bf16_bs8"] = {peers.PAGEDKV: [87.0, 68.0, 63.0], peers.VLLM: [71.0, 69.0, 61.0]}
+    result = WorkloadResult("peers")
+    peers._ratios(result, samples)
+    assert result.ratios["peers.bf16_bs8_pagedkv_vs_vllm_cpu"] == pytest.approx(63.0 / 61.0)
+    assert peers.paired_ratio([2.0, 4.0], [1.0]) == 2.0  # only the repetitions both have
+    assert math.isnan(peers.paired_ratio([2.0], []))
+
+
+@pytest.mark.spec("SRV-104")
+def test_the_mixed_continuous_batching_baseline_runs_in_every_repetition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each repetition runs pagedkv v1 and transformers' generate_batch back to back, and the
+    ratio is the median of the repetitions' ratios."""
+    rates = {
+        "pagedkv-v1": iter([500.0, 300.0, 400.0]),
+        HF_GENERATE_BATCH: iter([50.0, 60.0, 100.0]),
+    }
+
+    def fake_run(name: str) -> SimpleNamespace:
+        value = next(rates[name]) if name in rates else 10.0
+        return SimpleNamespace(tokens_per_s=value, ttft_s=(0.1,), summary=lambda: {})
+
+    monkeypatch.setattr(mixed, "load_runner", lambda *a, **k: SimpleNamespace(model=None))
+    monkeypatch.setattr(mixed, "load_hf_model", lambda *a, **k: None)
+    monkeypatch.setattr(mixed, "warm_up", lambda *a, **k: None)
+    monkeypatch.setattr(mixed, "make_engine", lambda *a, **k: None)
+    monkeypatch.setattr(mixed.ModelRunner, "recompute", staticmethod(lambda model: None))
+    monkeypatch.setattr(mixed, "run_engine", lambda engine, requests, name: fake_run(name))
+    monkeypatch.setattr(mixed, "run_generate_static", lambda *a, **k: fake_run("static"))
+    monkeypatch.setattr(mixed, "has_generate_batch", lambda model: True)
+    warm_ups: list[int] = []
+
+    def fake_batch(model: object, requests: list[object], **kwargs: object) -> SimpleNamespace:
+        if len(requests) == 2:
+            warm_ups.append(1)
+            return fake_run("warm-up")
+        return fake_run(HF_GENERATE_BATCH)
+
+    monkeypatch.setattr(mixed, "run_generate_batch", fake_batch)
+    ctx = BenchContext(quick=False, threads=1, verbose=False)
+    result = mixed.run(ctx, SimpleNamespace(path=Path("unused")), 100)  # type: ignore[arg-type]
+    assert warm_ups == [1]
+    assert result.figures["repetition_tokens_per_s"][HF_GENERATE_BATCH] == [50.0, 60.0, 100.0]
+    # Ratios 10, 5 and 4: their median, where the medians' ratio would read 400 / 60.
+    assert result.ratios["mixed.pagedkv_vs_hf_generate_batch"] == pytest.approx(5.0)

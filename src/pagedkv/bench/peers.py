@@ -8,10 +8,12 @@ Systems: pagedkv v1; transformers ``generate`` on one static batch of all the re
 lengths: no padding, its best case); vLLM's CPU backend, run from its own virtualenv as a
 subprocess (:mod:`pagedkv.bench.vllm_peer`), skipped with the reason when it cannot run. All use
 the run's threads, and the engines one step budget of 4096 positions (SRV-048). Each system
-runs each row :data:`REPEATS` times after a warm-up and reports the median, every repetition
-kept under ``samples`` (SRV-104). The three systems are loaded side by side (vLLM in its own
-process, with its own copy of the weights) and take turns run by run, the order rotating, so
-that a slow phase of the machine falls on all of them rather than on whichever ran then.
+runs each row :data:`REPEATS` times after a warm-up and reports its median, every repetition
+kept under ``samples``; each ratio is the median over repetitions of the ratio within one
+(SRV-104), as the decode and mixed workloads take theirs. The three systems are loaded side
+by side (vLLM in its own process, with its own copy of the weights) and take turns run by
+run, the order rotating, so that a slow phase of the machine falls on all of them rather than
+on whichever ran then.
 
 The batched float32 rows also report the fraction of the machine's GEMM peak (a float32 matrix
 product measured in the run) that pagedkv reached, counting ``2 x parameters`` operations per
@@ -108,7 +110,7 @@ def run(ctx: BenchContext) -> WorkloadResult:
                 f"float32, {batch} requests: pagedkv's model FLOP/s (2 x parameters per "
                 "position computed) over a float32 GEMM's measured FLOP/s",
             )
-    _ratios(result, figures)
+    _ratios(result, samples)
     return result
 
 
@@ -261,18 +263,24 @@ def _achieved_flops(row: Row, tokens_per_s: float | None) -> float:
     return flops / wall
 
 
-def _ratios(result: WorkloadResult, figures: dict[str, dict[str, float | None]]) -> None:
+def paired_ratio(ours: list[float], theirs: list[float]) -> float:
+    """The median over repetitions of pagedkv's figure over a peer's in the same repetition
+    (SRV-104: the systems of one repetition run back to back, so a slow phase of the machine
+    falls on both terms of its ratio); over the repetitions both have; NaN if none."""
+    return median([ratio(a, b) for a, b in zip(ours, theirs, strict=False)])
+
+
+def _ratios(result: WorkloadResult, samples: Samples) -> None:
     for row in rows():
-        values = figures[row.name]
-        ours = values.get(PAGEDKV)
+        values = samples[row.name]
+        ours = values.get(PAGEDKV, [])
         for peer, label in ((HF, "hf_generate"), (VLLM, "vllm_cpu")):
-            theirs = values.get(peer)
-            value = ratio(ours, theirs) if ours is not None and theirs is not None else None
             what = "decode tokens/s" if row.batch == 1 else "output tokens/s (wall, prefill in)"
             result.add_ratio(
                 f"{row.name}_pagedkv_vs_{label}",
-                value if value is not None else float("nan"),
-                f"{row.dtype}, {row.batch} request(s): {what} of pagedkv over {peer}",
+                paired_ratio(ours, values.get(peer, [])),
+                f"{row.dtype}, {row.batch} request(s): {what} of pagedkv over {peer}, the "
+                "median over repetitions of each repetition's ratio",
             )
         if row.dtype == "float32" and row.batch > 1:
             result.add_target(
