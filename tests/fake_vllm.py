@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv.bench import vllm_peer
+from pagedkv.bench import peers, vllm_peer
 
 FAKE_MODULE = """
 import json, os, time
@@ -63,3 +63,16 @@ def fake_vllm_interpreter(monkeypatch: pytest.MonkeyPatch, folder: Path) -> Path
     monkeypatch.setenv("FAKE_VLLM_MADE", str(folder / "made.json"))
     monkeypatch.setenv("FAKE_VLLM_CALLS", str(folder / "calls.txt"))
     return folder / "made.json"
+
+
+def small_peer(model_dir: Path = Path("unused")) -> vllm_peer.VllmPeer:
+    """A peer of one thread and a small engine, with the peers workload's step budget."""
+    return vllm_peer.VllmPeer(
+        model_dir,
+        "float32",
+        threads=1,
+        max_model_len=64,
+        max_num_seqs=2,
+        kv_cache_gib=1,
+        max_num_batched_tokens=peers.STEP_TOKENS,
+    )

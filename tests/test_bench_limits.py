@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fake_vllm import fake_vllm_interpreter
+from fake_vllm import fake_vllm_interpreter, small_peer
 
 from pagedkv.bench import cli, limits, peers, vllm_peer, vllm_worker
 from pagedkv.bench.machine import physical_cores, usable_cores
@@ -66,15 +66,7 @@ def test_vllm_without_its_interpreter_is_unavailable_with_the_reason(
 def run_one_row(model_dir: Path) -> dict[str, float]:
     """One small batch row on the vLLM peer, with the peers' step budget."""
     row = vllm_peer.VllmRow("fp32_bs8", "batch", (((1, 2, 3), 4),))
-    with vllm_peer.VllmPeer(
-        model_dir,
-        "float32",
-        threads=1,
-        max_model_len=64,
-        max_num_seqs=1,
-        kv_cache_gib=1,
-        max_num_batched_tokens=peers.STEP_TOKENS,
-    ) as peer:
+    with small_peer(model_dir) as peer:
         return peer.run(row)
 
 

@@ -10,24 +10,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fake_vllm import fake_vllm_interpreter
+from fake_vllm import fake_vllm_interpreter, small_peer
 
 from pagedkv.bench import mixed, peers, vllm_peer
 from pagedkv.bench.context import BenchContext
 from pagedkv.bench.hf_systems import HF_GENERATE_BATCH
 from pagedkv.bench.results import WorkloadResult
-
-
-def open_peer() -> vllm_peer.VllmPeer:
-    return vllm_peer.VllmPeer(
-        Path("unused"),
-        "float32",
-        threads=1,
-        max_model_len=64,
-        max_num_seqs=2,
-        kv_cache_gib=1,
-        max_num_batched_tokens=peers.STEP_TOKENS,
-    )
 
 
 @pytest.mark.spec("SRV-104")
@@ -37,7 +25,7 @@ def test_the_vllm_worker_stays_up_and_warms_each_row_up_once(
     fake_vllm_interpreter(monkeypatch, tmp_path)
     batch = vllm_peer.VllmRow("fp32_bs2", "batch", (((1, 2), 3), ((4, 5), 3)))
     decode = vllm_peer.VllmRow("fp32_decode", "decode", (((1, 2), 5),))
-    with open_peer() as peer:
+    with small_peer() as peer:
         assert peer.version == "0.0-fake"
         figures = [peer.run(batch), peer.run(batch), peer.run(decode), peer.run(decode)]
     assert all(f["output_tokens_per_s"] > 0 for f in figures[:2])
@@ -53,7 +41,7 @@ def test_a_failing_vllm_worker_is_unavailable_with_its_last_words(
 ) -> None:
     fake_vllm_interpreter(monkeypatch, tmp_path)
     monkeypatch.setenv("FAKE_VLLM_FAIL", "the fake engine broke")
-    with open_peer() as peer, pytest.raises(vllm_peer.PeerUnavailable) as caught:
+    with small_peer() as peer, pytest.raises(vllm_peer.PeerUnavailable) as caught:
         peer.run(vllm_peer.VllmRow("r", "batch", (((1,), 2),)))
     assert "exited with 1" in str(caught.value)
     assert "the fake engine broke" in str(caught.value)
