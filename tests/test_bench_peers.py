@@ -109,19 +109,18 @@ def test_a_peer_ratio_is_the_median_of_the_ratios_within_repetitions() -> None:
     assert math.isnan(peers.paired_ratio([2.0], []))
 
 
-@pytest.mark.spec("SRV-104")
-def test_the_mixed_continuous_batching_baseline_runs_in_every_repetition(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Each repetition runs pagedkv v1 and transformers' generate_batch back to back, and the
-    ratio is the median of the repetitions' ratios."""
-    rates = {
-        "pagedkv-v1": iter([500.0, 300.0, 400.0]),
-        HF_GENERATE_BATCH: iter([50.0, 60.0, 100.0]),
-    }
+def run_mixed(
+    monkeypatch: pytest.MonkeyPatch, batch_rates: list[float | None]
+) -> tuple[WorkloadResult, list[int]]:
+    """The full-mode mixed workload over stand-ins: pagedkv v1 at 500, 300 and 400 tokens/s
+    by repetition, generate_batch at ``batch_rates`` (``None``: that run raises); the result
+    and the warm-ups generate_batch got."""
+    rates = {"pagedkv-v1": iter([500.0, 300.0, 400.0]), HF_GENERATE_BATCH: iter(batch_rates)}
 
     def fake_run(name: str) -> SimpleNamespace:
         value = next(rates[name]) if name in rates else 10.0
+        if value is None:
+            raise RuntimeError("continuous batching broke")
         return SimpleNamespace(tokens_per_s=value, ttft_s=(0.1,), summary=lambda: {})
 
     monkeypatch.setattr(mixed, "load_runner", lambda *a, **k: SimpleNamespace(model=None))
@@ -143,7 +142,31 @@ def test_the_mixed_continuous_batching_baseline_runs_in_every_repetition(
     monkeypatch.setattr(mixed, "run_generate_batch", fake_batch)
     ctx = BenchContext(quick=False, threads=1, verbose=False)
     result = mixed.run(ctx, SimpleNamespace(path=Path("unused")), 100)  # type: ignore[arg-type]
+    return result, warm_ups
+
+
+@pytest.mark.spec("SRV-104")
+def test_the_mixed_continuous_batching_baseline_runs_in_every_repetition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each repetition runs pagedkv v1 and transformers' generate_batch back to back, and the
+    ratio is the median of the repetitions' ratios."""
+    result, warm_ups = run_mixed(monkeypatch, [50.0, 60.0, 100.0])
     assert warm_ups == [1]
     assert result.figures["repetition_tokens_per_s"][HF_GENERATE_BATCH] == [50.0, 60.0, 100.0]
     # Ratios 10, 5 and 4: their median, where the medians' ratio would read 400 / 60.
     assert result.ratios["mixed.pagedkv_vs_hf_generate_batch"] == pytest.approx(5.0)
+
+
+@pytest.mark.spec("SRV-104")
+def test_a_continuous_batching_run_that_raises_ends_that_baseline_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The error is recorded, generate_batch leaves the later repetitions, the other systems
+    run all three, and the ratio pairs the repetitions it has."""
+    result, _ = run_mixed(monkeypatch, [50.0, None])
+    assert "continuous batching broke" in result.errors[HF_GENERATE_BATCH]
+    runs = result.figures["repetition_tokens_per_s"]
+    assert runs[HF_GENERATE_BATCH] == [50.0]
+    assert runs["pagedkv-v1"] == [500.0, 300.0, 400.0]
+    assert result.ratios["mixed.pagedkv_vs_hf_generate_batch"] == pytest.approx(10.0)

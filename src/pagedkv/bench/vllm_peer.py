@@ -137,6 +137,8 @@ class VllmPeer:
             stdin.flush()
         except (BrokenPipeError, OSError) as exc:
             raise self._failure("the vLLM worker ended") from exc
+        # The worker writes one line per message and nothing else, so nothing is left in the
+        # reader's buffer between answers and select sees every one on the pipe.
         ready, _, _ = select.select([stdout], [], [], TIMEOUT_S)
         if not ready:
             raise self._failure(f"the vLLM worker ran past {TIMEOUT_S} s")
