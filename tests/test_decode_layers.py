@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from pagedkv.accel.cpu.decode_layers import DecodeLayers, decode_program
 from pagedkv.backend import ReferenceBackend
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
-from pagedkv.model.decode_layers import DecodeLayers
 from pagedkv.model.loader import load_model
 from pagedkv.plan import StepPlan
 from pagedkv.store.paged_store import TorchPagedStore
@@ -49,7 +49,7 @@ def runner(path: Path, dtype: str, **options: bool | None) -> ModelRunner:
 
 
 def program_of(runner: ModelRunner) -> DecodeLayers:
-    program = runner._layers
+    program = decode_program(runner.model)
     if program is None:
         pytest.skip("the decode layers program cannot run here (no packed kernel this CPU)")
     return program
@@ -115,7 +115,7 @@ def test_the_program_gives_the_modules_logits_and_cache_to_the_bit(
     step's logits, the tokens, their log-probabilities and the K/V pools equal the modules'."""
     fused = runner(checkpoints[preset], dtype)
     plain = runner(checkpoints[preset], dtype, decode_layers=False)
-    assert plain._layers is None
+    assert decode_program(plain.model) is None
     program = program_of(fused)
     calls: list[int] = []
     entry = program._entry
@@ -159,7 +159,7 @@ def test_the_option_is_refused_where_the_program_cannot_run(
     for preset, options, reason in cases:
         with pytest.raises(InvalidRequest, match=f"decode_layers: .*{reason}"):
             runner(checkpoints[preset], "float32", decode_layers=True, **options)
-        assert runner(checkpoints[preset], "float32", **options)._layers is None
+        assert decode_program(runner(checkpoints[preset], "float32", **options).model) is None
     model = load_model(tied)
     with pytest.raises(InvalidRequest, match="decode_layers: it runs v1 steps"):
         ModelRunner.recompute(model, RunnerOptions(decode_layers=True))
@@ -168,7 +168,7 @@ def test_the_option_is_refused_where_the_program_cannot_run(
     other_dtype = TorchPagedStore(replace(config, dtype="bfloat16"))
     with pytest.raises(InvalidRequest, match=r"decode_layers: .*K/V pools must be torch.float32"):
         ModelRunner.paged(model, other_dtype, RunnerOptions(decode_layers=True))
-    assert ModelRunner.paged(model, other_dtype)._layers is None
+    assert decode_program(ModelRunner.paged(model, other_dtype).model) is None
     with pytest.raises(InvalidRequest, match=r"decode_layers: .*not its C kernel"):
         ModelRunner.paged(model, gathered, RunnerOptions(decode_layers=True))
-    assert ModelRunner.paged(model, gathered)._layers is None
+    assert decode_program(ModelRunner.paged(model, gathered).model) is None

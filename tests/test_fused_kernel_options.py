@@ -12,11 +12,11 @@ import pytest
 from test_runner_options import generate, paged_runner
 from torch import nn
 
+from pagedkv.accel.cpu.fused_norms import has_fused_norms
+from pagedkv.accel.cpu.fused_swiglu import has_fused_swiglu
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
-from pagedkv.model.fused_norms import has_fused_norms
-from pagedkv.model.fused_swiglu import has_fused_swiglu
 from pagedkv.model.loader import load_model
 from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from pagedkv.model.fused_norms import MAX_CHANNELS, MAX_HEAD_DIM, FusedNorms
+from pagedkv.accel.cpu.fused_norms import MAX_CHANNELS, MAX_HEAD_DIM, FusedNorms, FusedRMSNorm
 from pagedkv.model.layers import RMSNorm, apply_rotary
 from pagedkv.testing.tiny_qwen3 import (
     one_torch_thread,
@@ -75,7 +75,8 @@ def test_the_residual_add_and_norm_are_torch_s(dtype: torch.dtype, rows: int, di
     x = (3 * torch.randn(rows, dim, generator=generator)).to(dtype)
     residual = torch.randn(rows, dim, generator=generator).to(dtype)
     expected_sum, expected_norm, expected_plain = x + residual, norm(x + residual), norm(x)
-    norm.fused, add, _ = counted_kernel(dtype)
+    kernel, add, _ = counted_kernel(dtype)
+    norm = FusedRMSNorm.substitute(norm, kernel)
     with torch_threads(2):  # the threaded path on two threads, not a team of one
         total, normed = norm.add_forward(x, residual)
         assert torch.equal(total, expected_sum)
@@ -101,7 +102,8 @@ def test_the_head_norm_and_rotation_are_torch_s(dtype: torch.dtype, tokens: int,
     query = qkv[:, : heads * dim].reshape(tokens, heads, dim)
     key = qkv[:, heads * dim : (heads + kv_heads) * dim].reshape(tokens, kv_heads, dim)
     expected = [apply_rotary(norm(x), cos, sin) for x in (query, key)]
-    norm.fused, _, rope = counted_kernel(dtype)
+    kernel, _, rope = counted_kernel(dtype)
+    norm = FusedRMSNorm.substitute(norm, kernel)
     for x, want in zip((query, key), expected, strict=True):
         with torch_threads(2):  # the threaded path on two threads, not a team of one
             got = norm.rotated(x, cos, sin)
@@ -119,19 +121,20 @@ def test_inputs_the_kernel_does_not_take_stay_with_torch() -> None:
     wide = random_norm(MAX_CHANNELS + 1, torch.float32, generator)
     x = torch.randn(2, MAX_CHANNELS + 1, generator=generator)
     expected = wide(x)
-    wide.fused, add, rope = counted_kernel(torch.float32)
+    kernel, add, rope = counted_kernel(torch.float32)
+    wide = FusedRMSNorm.substitute(wide, kernel)
     assert torch.equal(wide(x), expected)
     head = MAX_HEAD_DIM + 2
     norm = random_norm(head, torch.float32, generator)
     heads, cos, sin = torch.randn(3, 2, head), torch.randn(3, head), torch.randn(3, head)
     expected = apply_rotary(norm(heads), cos, sin)
-    norm.fused = wide.fused
+    norm = FusedRMSNorm.substitute(norm, wide.kernel)
     assert_within(norm.rotated(heads, cos, sin), expected)
     assert (add.calls, rope.calls) == (1, 0)  # the norm alone fused, then torch's rotation
     small = random_norm(64, torch.float32, generator)
     rows, other = torch.randn(5, 64), torch.randn(5, 64, dtype=torch.float64)
     expected_sum, expected_norm = small.add_forward(rows, other)
-    small.fused = wide.fused
+    small = FusedRMSNorm.substitute(small, wide.kernel)
     total, normed = small.add_forward(rows, other)
     assert torch.equal(total, expected_sum)
     assert torch.equal(normed, expected_norm)
@@ -151,7 +154,8 @@ def test_inside_torch_compile_the_torch_formulation_runs() -> None:
     norm = random_norm(64, torch.float32, generator)
     x, residual = torch.randn(2, 3, 64), torch.randn(2, 3, 64)
     cos, sin = torch.randn(2, 64), torch.randn(2, 64)
-    norm.fused, add, rope = counted_kernel(torch.float32)
+    kernel, add, rope = counted_kernel(torch.float32)
+    norm = FusedRMSNorm.substitute(norm, kernel)
 
     def step(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         total, normed = norm.add_forward(x, residual)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from pagedkv.model.fused_swiglu import FusedSwiGLU
+from pagedkv.accel.cpu.fused_swiglu import FusedSwiGLU, FusedSwiGLUMLP
 from pagedkv.model.layers import SwiGLUMLP
 from pagedkv.testing.tiny_qwen3 import (
     one_torch_thread,
@@ -138,15 +138,17 @@ def test_products_the_kernel_does_not_take_stay_with_torch() -> None:
         parameter.data = torch.randn(parameter.shape, generator=generator).to(torch.bfloat16)
     x = torch.randn(3, 16, generator=generator).to(torch.bfloat16)
     expected = mlp(x)
-    mlp.fused, entry = counted_kernel(torch.float32)
+    kernel, entry = counted_kernel(torch.float32)
+    mlp = FusedSwiGLUMLP.substitute(mlp, kernel)
     assert torch.equal(mlp(x), expected)
     assert entry.calls == 0
     strided = torch.randn(48, 2, generator=generator).t()
-    assert not mlp.fused.takes(strided)
+    assert not mlp.kernel.takes(strided)
     with pytest.raises(ValueError, match="even row, not 7"):
-        mlp.fused.swiglu(torch.zeros(2, 7))
-    mlp.fused, entry = counted_kernel(torch.bfloat16)
-    assert_torch_s(mlp.fused.swiglu(mlp.gate_up_proj(x)), torch_swiglu(mlp.gate_up_proj(x)))
+        mlp.kernel.swiglu(torch.zeros(2, 7))
+    kernel, entry = counted_kernel(torch.bfloat16)
+    mlp = FusedSwiGLUMLP.substitute(mlp, kernel)
+    assert_torch_s(mlp.kernel.swiglu(mlp.gate_up_proj(x)), torch_swiglu(mlp.gate_up_proj(x)))
     assert torch.equal(mlp(x), expected)  # the model's own rounding: equal here
     assert entry.calls == 2
 
@@ -160,7 +162,8 @@ def test_inside_torch_compile_the_torch_formulation_runs() -> None:
     for parameter in mlp.parameters():
         parameter.data = torch.randn(parameter.shape, generator=generator)
     x = torch.randn(3, 16, generator=generator)
-    mlp.fused, entry = counted_kernel(torch.float32)
+    kernel, entry = counted_kernel(torch.float32)
+    mlp = FusedSwiGLUMLP.substitute(mlp, kernel)
     compiled = torch.compile(mlp.forward, fullgraph=True)
     got = compiled(x)
     assert entry.calls == 0

@@ -10,21 +10,15 @@ import torch
 from test_fused_norms import Counted
 from test_runner_options import generate, paged_runner
 
-from pagedkv.engine.runner import ModelRunner
-from pagedkv.engine.runner_options import RunnerOptions
-from pagedkv.errors import InvalidRequest
-from pagedkv.model.layers import Linear, onednn_linear
-from pagedkv.model.loader import load_model
-from pagedkv.model.packed_gemv import (
+from pagedkv.accel.cpu.onednn import onednn_linear, packing_supported
+from pagedkv.accel.cpu.packed_gemv import (
     AMX_ROWS,
     MAX_ROWS,
     WIDE_ENTRIES,
     WIDE_ROWS,
     PackedGemv,
-    has_packed_gemv,
-    use_packed_gemv,
 )
-from pagedkv.model.packed_layout import (
+from pagedkv.accel.cpu.packed_layout import (
     AMX_LAYOUT,
     LAYOUTS,
     BlockedLayout,
@@ -32,7 +26,12 @@ from pagedkv.model.packed_layout import (
     packed_bytes,
     read_layout,
 )
-from pagedkv.model.packing import packing_supported
+from pagedkv.accel.cpu.packed_linear import PackedProduct, has_packed_gemv, packed
+from pagedkv.engine.runner import ModelRunner
+from pagedkv.engine.runner_options import RunnerOptions
+from pagedkv.errors import InvalidRequest
+from pagedkv.model.layers import Linear
+from pagedkv.model.loader import load_model
 from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint, torch_threads
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -281,14 +280,14 @@ def test_the_kernel_takes_only_what_it_computes(layout: BlockedLayout) -> None:
         kernel.product(torch.randn(most + 1, 32).to(dtype), blocked, 64, None)
 
 
-def packed_linear(shape: tuple[int, int], dtype: torch.dtype) -> tuple[Linear, torch.Tensor]:
+def packed_linear(shape: tuple[int, int], dtype: torch.dtype) -> tuple[PackedProduct, torch.Tensor]:
     """A packed layer of ``shape`` and a copy of its plain weight."""
     if not packing_supported(dtype, torch.device("cpu")):
         pytest.skip(f"oneDNN does not pack {dtype} weights on this CPU")
     out_features, in_features = shape
     layer = Linear(in_features, out_features, bias=True).to(dtype)
     weight = layer.weight.detach().clone()
-    layer.pack()
+    layer = packed(layer)
     if layer.packed_weight is None:
         pytest.skip(f"oneDNN packs {dtype} in a layout the kernel does not read on this CPU")
     return layer, weight
@@ -324,7 +323,8 @@ def test_a_packed_layer_runs_few_rows_through_the_kernel_and_more_through_onednn
     layout = layer.packed_weight.layout
     kernel, counts = counted_kernel()
     most = kernel.max_rows(layout)
-    assert use_packed_gemv(layer, kernel) == 1
+    assert kernel.reads(layer.packed_weight)
+    layer.gemv = kernel
     assert has_packed_gemv(layer)
     for rows in range(1, most + 2):
         x = torch.randn(rows, 96).to(dtype)
@@ -340,7 +340,7 @@ def test_a_packed_layer_runs_few_rows_through_the_kernel_and_more_through_onednn
         assert counts["amx"].calls == (most if amx else 0)
     for name in kernel._wide:
         assert counts[f"wide {name}"].calls == (most - MAX_ROWS if layout.name == name else 0)
-    assert use_packed_gemv(layer, None) == 0
+    layer.gemv = None
     assert not has_packed_gemv(layer)
 
 

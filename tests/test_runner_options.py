@@ -16,6 +16,9 @@ import torch
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 
+from pagedkv.accel.cpu.builder import weight_nbytes
+from pagedkv.accel.cpu.onednn import packing_supported
+from pagedkv.accel.cpu.packed_linear import PackedProduct, is_packed
 from pagedkv.backend import ReferenceBackend
 from pagedkv.engine import static_decode
 from pagedkv.engine.config import EngineConfig
@@ -27,12 +30,7 @@ from pagedkv.engine.static_decode import MIN_WIDTH, StaticDecode, bucket
 from pagedkv.errors import InvalidRequest
 from pagedkv.model.layers import Linear
 from pagedkv.model.loader import load_model
-from pagedkv.model.packing import (
-    is_packed,
-    pack_linear_weights,
-    packing_supported,
-    weight_nbytes,
-)
+from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.model.step_attention import PagedStepAttention
 from pagedkv.store.paged_store import TorchPagedStore
 from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint, one_torch_thread
@@ -69,10 +67,15 @@ def static_runner(path: Path) -> tuple[ModelRunner, StaticDecode]:
     model = load_model(path)
     runner = paged_runner(path)
     store = runner_store(runner)
-    static = StaticDecode(
-        model, store, max_batch=8, max_width=512, cuda_graphs=False, compile=False
-    )
-    return ModelRunner(model, runner._prepare, store, static_decode=static), static
+
+    def static(built: Qwen3ForCausalLM) -> StaticDecode:
+        return StaticDecode(
+            built, store, max_batch=8, max_width=512, cuda_graphs=False, compile=False
+        )
+
+    runner = ModelRunner(model, runner._prepare, store, static_decode=static)
+    assert runner._static is not None
+    return runner, runner._static
 
 
 def runner_store(runner: ModelRunner) -> TorchPagedStore:
@@ -119,12 +122,18 @@ def test_a_capture_warm_up_writes_only_the_plans_own_slots(
     monkeypatch.setattr(static_decode, "_captured", captured)
     model = load_model(checkpoint)
     store = runner_store(paged_runner(checkpoint))
-    static = StaticDecode(model, store, max_batch=8, max_width=512, cuda_graphs=True, compile=False)
+
+    def static(built: Qwen3ForCausalLM) -> StaticDecode:
+        return StaticDecode(
+            built, store, max_batch=8, max_width=512, cuda_graphs=True, compile=False
+        )
+
     runner = ModelRunner(
         model, partial(PagedStepAttention.prepare, store), store, static_decode=static
     )
     assert generate(runner) == generate(paged_runner(checkpoint))
-    assert len(warm_ups) == 2 * len(static.shapes) > 0
+    assert runner._static is not None
+    assert len(warm_ups) == 2 * len(runner._static.shapes) > 0
 
 
 def test_bucket_rounds_up_to_powers_of_two() -> None:
@@ -233,27 +242,26 @@ def test_packing_touches_only_what_it_speeds_up(checkpoint: Path, dtype: str) ->
     of each weight, the byte count unchanged and the outputs those of the plain model; float16
     never is."""
     model = load_model(checkpoint, dtype=dtype)
-    plain = load_model(checkpoint, dtype=dtype)
     before = weight_nbytes(model)
-    packed = pack_linear_weights(model)
-    assert weight_nbytes(model) == before
+    only_packing = RunnerOptions(fused_norms=False, fused_swiglu=False, packed_gemv=False)
+    built = ModelRunner.recompute(model, only_packing).model
+    assert weight_nbytes(built) == before
     supported = packing_supported(getattr(torch, dtype), torch.device("cpu"))
     if dtype == "float16" or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         assert not supported
     if dtype == "float32" and torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         assert supported
     if not supported:
-        assert packed == 0
-        assert model.packed_head is None
+        assert not is_packed(built)
+        assert built.lm_head is None
         return
-    assert model.packed_head is not None  # the tied head's own packed copy
-    linears = [m for m in model.modules() if isinstance(m, Linear) and m is not model.packed_head]
-    assert packed == len(linears)
-    assert all(m.weight is None for m in linears)
+    assert isinstance(built.lm_head, PackedProduct)  # the tied head's own packed copy
+    linears = [m for m in built.modules() if isinstance(m, Linear) and m is not built.lm_head]
+    plain = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(isinstance(m, PackedProduct) and m.weight is None for m in linears)
+    assert all(m.weight is not None for m in plain)  # the model given keeps its own
     atol, rtol = PACKED_TOLERANCE[dtype]
-    for ours, theirs in zip(
-        linears, [m for m in plain.modules() if isinstance(m, Linear)], strict=True
-    ):
+    for ours, theirs in zip(linears, plain, strict=True):
         x = torch.randn(3, ours.in_features).to(getattr(torch, dtype))
         torch.testing.assert_close(ours(x), theirs(x), atol=atol, rtol=rtol)
 

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from pagedkv.model.layers import onednn_linear, onednn_pack
-from pagedkv.model.packing import packing_supported
+from pagedkv.accel.cpu.onednn import onednn_linear, onednn_pack, packing_supported
 
 #: Side of the square float32 matrix the read kernels stream: 16384^2 * 4 bytes = 1 GiB, more
 #: than twice the largest last-level cache seen on the benchmark machines.

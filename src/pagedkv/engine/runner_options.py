@@ -14,7 +14,7 @@ class RunnerOptions:
 
     Attributes:
         pack_weights: repack linear weights for oneDNN where it is faster (float32 on a CPU
-            with oneDNN, bfloat16 where it has bfloat16 kernels; :mod:`pagedkv.model.packing`);
+            with oneDNN, bfloat16 where it has bfloat16 kernels; :mod:`pagedkv.accel.cpu.onednn`);
             elsewhere it changes nothing. ``None`` (the default): pack unless ``compile`` is on,
             since inductor cannot lower oneDNN's packed weights (and packs its own); ``True``
             with ``compile`` is refused.
@@ -33,19 +33,19 @@ class RunnerOptions:
             where it is not is refused.
         fused_norms: run every RMSNorm in one call of a small C kernel, fused with the
             residual add before it or the RoPE rotation after it
-            (:mod:`pagedkv.model.fused_norms`). ``None`` (the default): on for a float32 or
+            (:mod:`pagedkv.accel.cpu.fused_norms`). ``None`` (the default): on for a float32 or
             bfloat16 model on the CPU where the kernel builds; ``True`` where it cannot be
             built or the model is of another dtype or device is refused, and so is ``False``
             on a model another runner fused.
         fused_swiglu: run every dense MLP's activation ``silu(gate) * up`` in one call of a
             small C kernel reading the merged gate/up product in place
-            (:mod:`pagedkv.model.fused_swiglu`). ``None`` (the default): on for a float32 or
+            (:mod:`pagedkv.accel.cpu.fused_swiglu`). ``None`` (the default): on for a float32 or
             bfloat16 model on the CPU where the kernel builds; ``True`` where it cannot be
             built or the model is of another dtype or device is refused, and so is ``False``
             on a model another runner fused.
         packed_gemv: run the products of one to four rows with a packed weight through a
             small C kernel that reads oneDNN's packed layout itself
-            (:mod:`pagedkv.model.packed_gemv`; decode steps of few sequences, the LM head of
+            (:mod:`pagedkv.accel.cpu.packed_gemv`; decode steps of few sequences, the LM head of
             a prefill), each layer only once its layout was checked byte for byte. ``None``
             (the default): on for every packed layer where the kernel builds; ``True`` where
             it cannot be built or no layer holds a weight it reads (``pack_weights`` off,
@@ -53,7 +53,7 @@ class RunnerOptions:
             model whose layers another runner gave the kernel.
         decode_layers: run every decoder layer of a decode step (one row per sequence, no
             more rows than the packed products take) in one C call
-            (:mod:`pagedkv.model.decode_layers`, ENG-160): the kernels the modules call, in
+            (:mod:`pagedkv.accel.cpu.decode_layers`, ENG-160): the kernels the modules call, in
             their order, so the same tokens to the bit, without the Python between them. It
             needs what it calls: fused norms and SwiGLU, every layer product read by the
             packed GEMV, a dense model of one rank without attention bias, and a v1 runner

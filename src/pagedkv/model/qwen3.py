@@ -16,7 +16,6 @@ hidden layer; every rank runs the same plan and rank 0 receives the logits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,10 +30,6 @@ from pagedkv.model.rope import RotaryEmbedding
 from pagedkv.model.step_attention import StepAttention
 from pagedkv.model.tensor_parallel import Collectives, ShardLayout, SingleRank
 from pagedkv.plan import StepPlan
-
-#: Runs every decoder layer in place of the modules: ``(embeddings, cos, sin)`` to the last
-#: layer's ``(output, residual)`` (:class:`~pagedkv.model.decode_layers.DecodeLayers`).
-Layers = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -86,6 +81,21 @@ class Qwen3DecoderLayer(nn.Module):
         return out, residual
 
 
+class DecoderLayers(nn.ModuleList):
+    """The decoder layers in order (the checkpoint's ``model.layers.N.*``), run as one stack."""
+
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: StepAttention
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every layer on the embeddings ``hidden`` ``[T, hidden_size]``, rotated by ``cos``
+        and ``sin`` ``[T, head_dim]``: the last layer's ``(output, residual)``, whose sum is
+        the stream (``residual`` is ``None`` for a model without layers)."""
+        residual: torch.Tensor | None = None
+        for layer in self:
+            hidden, residual = layer(hidden, residual, cos, sin, attention)
+        return hidden, residual
+
+
 class VocabParallelEmbedding(nn.Module):
     """The embedding table, or one rank's block of its vocabulary rows.
 
@@ -120,7 +130,7 @@ class Qwen3Model(nn.Module):
     def __init__(self, config: ModelConfig, layout: ShardLayout, collectives: Collectives) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.hidden_size, layout, collectives)
-        self.layers = nn.ModuleList(
+        self.layers = DecoderLayers(
             [
                 Qwen3DecoderLayer(config, i, layout, collectives)
                 for i in range(config.num_hidden_layers)
@@ -159,28 +169,18 @@ class Qwen3ForCausalLM(nn.Module):
             if config.tie_word_embeddings
             else Linear(config.hidden_size, self.layout.vocab_rows, bias=False)
         )
-        #: A repacked copy of the tied embedding table, as the LM head's weight
-        #: (:func:`pagedkv.model.packing.pack_linear_weights`); ``None`` otherwise.
-        self.packed_head: Linear | None = None
 
     if TYPE_CHECKING:  # nn.Module.__call__ is untyped; calling the model runs forward
 
-        def __call__(
-            self, plan: StepPlan, attention: StepAttention, layers: Layers | None = None
-        ) -> torch.Tensor: ...
+        def __call__(self, plan: StepPlan, attention: StepAttention) -> torch.Tensor: ...
 
-    def forward(
-        self, plan: StepPlan, attention: StepAttention, layers: Layers | None = None
-    ) -> torch.Tensor:
+    def forward(self, plan: StepPlan, attention: StepAttention) -> torch.Tensor:
         """Run one step.
 
         Args:
             plan: the step's tokens and positions, on the model's device.
             attention: the step's attention, prepared from the same plan (by the runner):
                 where this step's K/V go and what each sequence attends to.
-            layers: runs the decoder layers instead of their modules, for a step it was
-                prepared for (the runner's decode layers program, ENG-160); ``None``: the
-                modules.
 
         Returns:
             ``[len(plan.logits_indices), vocab_size]`` float32 logits of the rows
@@ -190,12 +190,7 @@ class Qwen3ForCausalLM(nn.Module):
         """
         hidden = self.model.embed_tokens(plan.input_ids)
         cos, sin = self.rotary(plan.positions, hidden.dtype)
-        residual: torch.Tensor | None = None
-        if layers is not None:
-            hidden, residual = layers(hidden, cos, sin)
-        else:
-            for layer in self.model.layers:
-                hidden, residual = layer(hidden, residual, cos, sin, attention)
+        hidden, residual = self.model.layers(hidden, cos, sin, attention)
         rows = plan.logits_indices
         if residual is None:
             hidden = self.model.norm(hidden.index_select(0, rows))
@@ -203,9 +198,8 @@ class Qwen3ForCausalLM(nn.Module):
             _, hidden = self.model.norm.add_forward(
                 hidden.index_select(0, rows), residual.index_select(0, rows)
             )
-        head = self.lm_head if self.lm_head is not None else self.packed_head
-        if head is not None:
-            logits: torch.Tensor = head(hidden).to(torch.float32)
+        if self.lm_head is not None:
+            logits: torch.Tensor = self.lm_head(hidden).to(torch.float32)
         else:
             logits = F.linear(hidden, self.model.embed_tokens.weight).to(torch.float32)
         if self.layout.size == 1:

@@ -1,5 +1,5 @@
 /* RMSNorm with the residual add before it, and RMSNorm with the RoPE rotation after it, each
- * one pass over its rows (see pagedkv/model/fused_norms.py, which builds and calls this file).
+ * one pass over its rows (see pagedkv/accel/cpu/fused_norms.py, which builds and calls this file).
  *
  * The arithmetic is transformers' Qwen3, operation for operation, in the same order and with
  * the same roundings: the sum `x + residual` rounded to the dtype; the mean of the squares in

@@ -4,26 +4,23 @@ use by :mod:`pagedkv.native.build`), ENG-160.
 Why: with its products, norms, activation and attention each a C kernel already, a Qwen3 layer
 of a decode step is still about ten calls from Python (the fused norms, four packed products,
 the activation, two K/V copies and the attention), each behind its module, its checks and a
-``ctypes`` call: on a two-core Zen 4, about 5 ms of a 51 ms batch-1 decode step of the 0.6B
-shape in bfloat16, more than its norms and attention together. The C program makes the same
-calls in the same order, through each kernel's own entry point, on buffers of the same shapes,
-so its output is the modules' to the bit; a step pays one call for all its layers. Measured on
-a two-core AMX Xeon (2 threads), the 0.6B shape's batch-1 decode step took 88 ms through the
-modules and 69 ms here in bfloat16, 134 and 117 ms in float32; eight sequences 75 and 60 ms,
-160 and 145 ms.
+``ctypes`` call: a tenth of a batch-1 decode step of the 0.6B shape. The C program makes the
+same calls in the same order, through each kernel's own entry point, on buffers of the same
+shapes, so its output is the modules' to the bit; a step pays one call for all its layers
+(``bench/README.md`` has the figures).
 
 The program writes each layer's K/V into the reference store's pools itself, at the plan's
 slots, where the store's ``write`` would (as the compiled and captured decode steps of
-:mod:`pagedkv.engine.static_decode` read them), so the runner builds it over a
+:mod:`pagedkv.engine.static_decode` read them), so it is built over a
 :class:`~pagedkv.store.paged_store.TorchPagedStore` only.
 
 It runs a step whose every sequence decodes one row, on a model whose every layer the kernels
 take whole: dense, one rank, no attention bias, its norms and activation fused
-(:mod:`pagedkv.model.fused_norms`, :mod:`pagedkv.model.fused_swiglu`), every product of its
-layers read from its packed weight (:mod:`pagedkv.model.packed_gemv`) for that many rows, and
-K/V pools of the model's dtype attended by the C decode kernel
-(:mod:`pagedkv.store.native_decode`). The runner decides (:meth:`DecodeLayers.build`,
-:meth:`DecodeLayers.takes`); any other step runs the modules.
+(:mod:`pagedkv.accel.cpu.fused_norms`, :mod:`pagedkv.accel.cpu.fused_swiglu`), every product of
+its layers read from its packed weight (:mod:`pagedkv.accel.cpu.packed_gemv`) for that many
+rows, and K/V pools of the model's dtype attended by the C decode kernel
+(:mod:`pagedkv.store.native_decode`). It takes the place of the model's decoder stack
+(:class:`ProgramDecoderLayers`), which runs the modules for any other step.
 """
 
 from __future__ import annotations
@@ -35,11 +32,15 @@ from pathlib import Path
 
 import torch
 
-from pagedkv.model.fused_norms import MAX_CHANNELS, MAX_HEAD_DIM
-from pagedkv.model.layers import Linear, RMSNorm, SwiGLUMLP
-from pagedkv.model.packed_layout import PackedWeight
-from pagedkv.model.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
+from pagedkv.accel.cpu.fused_norms import MAX_CHANNELS, MAX_HEAD_DIM, FusedRMSNorm
+from pagedkv.accel.cpu.fused_swiglu import FusedSwiGLUMLP
+from pagedkv.accel.cpu.packed_layout import PackedWeight
+from pagedkv.accel.cpu.packed_linear import PackedProduct
+from pagedkv.accel.substitution import as_subclass
+from pagedkv.model.qwen3 import DecoderLayers, Qwen3DecoderLayer, Qwen3ForCausalLM
+from pagedkv.model.step_attention import PagedStepAttention, StepAttention
 from pagedkv.native.build import BuildFailure, load_library
+from pagedkv.store.paged_store import PagedAttentionMetadata
 
 #: The program's C source, shipped with the package.
 SOURCE = Path(__file__).with_name("native") / "decode_layers.c"
@@ -120,9 +121,9 @@ class DecodeStep:
 class _LayerModules:
     """One dense layer's modules the program reads."""
 
-    norms: tuple[RMSNorm, RMSNorm, RMSNorm, RMSNorm]
-    products: tuple[Linear, Linear, Linear, Linear]
-    mlp: SwiGLUMLP
+    norms: tuple[FusedRMSNorm, ...]
+    products: tuple[PackedProduct, ...]
+    mlp: FusedSwiGLUMLP
 
 
 class DecodeLayers:
@@ -143,8 +144,8 @@ class DecodeLayers:
         config = model.config
         first = layers[0]
         gemv = first.products[0].gemv
-        fused, swiglu = first.norms[0].fused, first.mlp.fused
-        if gemv is None or fused is None or swiglu is None:
+        fused, swiglu = first.norms[0].kernel, first.mlp.kernel
+        if gemv is None:
             raise ValueError("build checks the kernels first")
         self._gemv = gemv
         norm, rope = fused.addresses
@@ -284,7 +285,7 @@ class DecodeLayers:
         return program
 
 
-def _weight(product: Linear) -> PackedWeight:
+def _weight(product: PackedProduct) -> PackedWeight:
     weight = product.packed_weight
     if weight is None:
         raise ValueError("build checks every product's packed weight first")
@@ -303,8 +304,10 @@ def _layer_modules(model: Qwen3ForCausalLM) -> list[_LayerModules] | BuildFailur
         if not isinstance(layer, Qwen3DecoderLayer):
             return BuildFailure(f"the decode layers program runs Qwen3 layers, not {layer}")
         attention, mlp = layer.self_attn, layer.mlp
-        if not isinstance(mlp, SwiGLUMLP):
-            return BuildFailure("the decode layers program runs dense MLPs, not MoE blocks")
+        if not isinstance(mlp, FusedSwiGLUMLP):
+            return BuildFailure(
+                "the decode layers program runs dense MLPs with fused norms and SwiGLU"
+            )
         norms = (
             layer.input_layernorm,
             layer.post_attention_layernorm,
@@ -314,11 +317,68 @@ def _layer_modules(model: Qwen3ForCausalLM) -> list[_LayerModules] | BuildFailur
         products = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
         if any(p.bias is not None for p in products):
             return BuildFailure("the decode layers program runs bias-free projections")
-        if mlp.fused is None or any(n.fused is None for n in norms):
+        fused_norms = tuple(n for n in norms if isinstance(n, FusedRMSNorm))
+        if len(fused_norms) != len(norms):
             return BuildFailure("the decode layers program needs fused norms and SwiGLU")
-        if any(p.gemv is None or p.packed_weight is None for p in products):
+        packed = tuple(
+            p
+            for p in products
+            if isinstance(p, PackedProduct) and p.gemv is not None and p.packed_weight is not None
+        )
+        if len(packed) != len(products):
             return BuildFailure("the decode layers program needs every product packed_gemv's")
-        layers.append(_LayerModules(norms, products, mlp))
+        layers.append(_LayerModules(fused_norms, packed, mlp))
     if not layers:
         return BuildFailure("the model has no layers")
     return layers
+
+
+class ProgramDecoderLayers(DecoderLayers):
+    """The decoder stack that runs a decode step it takes through :attr:`program`, and any
+    other step through its layers. Build it with :meth:`substitute`."""
+
+    program: DecodeLayers
+
+    @classmethod
+    def substitute(cls, layers: DecoderLayers, program: DecodeLayers) -> ProgramDecoderLayers:
+        """``layers``' substitute (the same layer modules, which ``program`` reads)."""
+        new = as_subclass(layers, cls)
+        new.program = program
+        return new
+
+    def stack(self) -> DecoderLayers:
+        """The reference stack of the same layers, without the program (which is bound to one
+        store's pools)."""
+        return DecoderLayers(list(self))
+
+    def forward(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: StepAttention
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every layer on the embeddings ``hidden`` ``[T, hidden_size]``: the last layer's
+        ``(output, residual)``."""
+        step = self.decode_step(attention, hidden.shape[0])
+        if step is None:
+            return super().forward(hidden, cos, sin, attention)
+        return self.program(hidden, cos, sin, step)
+
+    def decode_step(self, attention: StepAttention, rows: int) -> DecodeStep | None:
+        """What the program reads of a step of ``rows`` rows, where it takes the step: every
+        sequence decodes one row, all of them in the one group the C decode kernel attends,
+        no more rows than its products take (ENG-160); else ``None``, the modules."""
+        if not isinstance(attention, PagedStepAttention):
+            return None
+        metadata = attention.metadata
+        if not isinstance(metadata, PagedAttentionMetadata) or len(metadata.layout.groups) != 1:
+            return None
+        # The groups cover every row once, so a lone decode group (the only kind with context
+        # lengths) holds every row of the step, a sequence each, in order.
+        (group,) = metadata.layout.groups
+        if group.context_lens is None or not self.program.takes(rows):
+            return None
+        return DecodeStep(attention.slot_mapping, group.kv_index, group.context_lens)
+
+
+def decode_program(model: Qwen3ForCausalLM) -> DecodeLayers | None:
+    """The decode layers program ``model``'s decoder stack runs, or ``None``: the modules."""
+    layers = model.model.layers
+    return layers.program if isinstance(layers, ProgramDecoderLayers) else None

@@ -1,5 +1,5 @@
 /* The SwiGLU activation `silu(gate) * up` of a merged gate/up product in one pass over its
- * rows (see pagedkv/model/fused_swiglu.py, which builds and calls this file).
+ * rows (see pagedkv/accel/cpu/fused_swiglu.py, which builds and calls this file).
  *
  * The arithmetic is torch's, operation for operation: `silu(g) = g / (1 + exp(-g))` in
  * float32, rounded to the dtype; the product with `up` in float32, rounded to the dtype. The

@@ -1,4 +1,4 @@
-/* Every decoder layer of a decode step in one call (see pagedkv/model/decode_layers.py, which
+/* Every decoder layer of a decode step in one call (see pagedkv/accel/cpu/decode_layers.py, which
  * builds and calls this file). Each layer makes the calls the model's modules make, in their
  * order and on buffers of their shapes: the fused norms, the packed products, the SwiGLU
  * activation and the paged decode attention, each reached through the entry point of its own

@@ -3,7 +3,7 @@
 oneDNN's packed tensors are opaque to torch: it picks their blocked layout itself, by dtype,
 shape and CPU. :func:`read_layout` names the layout of one only after rebuilding the expected
 bytes from the plain weight and finding them equal to oneDNN's, so a kernel that reads packed
-weights itself (:mod:`pagedkv.model.packed_gemv`) never reads a layout it was not written for:
+weights itself (:mod:`pagedkv.accel.cpu.packed_gemv`) never reads a layout it was not written for:
 a weight in any other layout, or where torch does not expose the bytes, stays with oneDNN.
 """
 
@@ -55,7 +55,7 @@ class BlockedLayout:
 
 
 #: The layouts oneDNN packs float32 and bfloat16 weights in for AVX-512 kernels (products of
-#: many rows), and the only ones :mod:`pagedkv.model.packed_gemv` reads: bfloat16 in 32-output
+#: many rows), and the only ones :mod:`pagedkv.accel.cpu.packed_gemv` reads: bfloat16 in 32-output
 #: blocks where the CPU has AMX, in 64-output blocks where it has a bfloat16 dot product but
 #: no AMX (as AMD's Zen 4).
 LAYOUTS = (

@@ -7,32 +7,12 @@ blocks (float32; bfloat16 where the CPU has no AMX) by the wide entries of
 ``native/packed_gemv.c`` (ENG-119).
 
 Why: a decode step of a few sequences multiplies a few rows by every weight of the model, so
-it only streams the weights, and oneDNN's kernel streams them below the memory's rate. Measured
-on a two-core AMX Xeon (torch 2.13, both threads), the 0.6B shape's 112 layer weights, every
-one read from memory, one row:
+it only streams the weights, and oneDNN's kernel streams them below the memory's rate; with
+more rows oneDNN's AMX kernel still streams a bfloat16 weight slowly (``bench/README.md`` has
+the figures). Products of more rows stay with oneDNN, whose blocked kernels reuse each weight
+across many rows.
 
-| dtype    | oneDNN, packed | this kernel, same tensors |
-|----------|----------------|---------------------------|
-| float32  | 17-18 GB/s     | 25 GB/s                   |
-| bfloat16 | 15-18 GB/s     | 25-28 GB/s                |
-
-(two rows: 17 against 23 GB/s in float32, 15 against 22 in bfloat16; four rows: 17 against 18,
-14 against 20). On a two-core Zen 4, where oneDNN packs bfloat16 in 64-output blocks, one row
-streamed at 25 GB/s through oneDNN and 31-33 GB/s here (float32: 26 against 34 GB/s).
-
-With more rows oneDNN's AMX kernel still streams the bfloat16 weight slowly:
-the same weights, one run, machine loaded (both kernels at 10-16 GB/s; a plain sum read
-11.8 GB/s):
-
-| rows | oneDNN's AMX kernel | ``amx_gemm.c`` |
-|------|---------------------|----------------|
-| 8    | 79-92 ms            | 55-63 ms       |
-| 32   | 131-140 ms          | 85-94 ms       |
-
-Products of more rows stay with oneDNN, whose blocked kernels reuse each weight across many
-rows.
-
-The kernel reads the layouts :mod:`pagedkv.model.packed_layout` checks byte for byte; a layer
+The kernel reads the layouts :mod:`pagedkv.accel.cpu.packed_layout` checks byte for byte; a layer
 whose packed weight is in any other layout keeps oneDNN for every product. It sums in float32
 in its own order, so float32 results differ from oneDNN's in the last places (as oneDNN's
 differ from MKL's), and bfloat16 results are rounded once, from float32 (ENG-117).
@@ -45,10 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from pagedkv.model.layers import Linear
-from pagedkv.model.packed_layout import AMX_LAYOUT, BlockedLayout, PackedWeight
+from pagedkv.accel.cpu.packed_layout import AMX_LAYOUT, BlockedLayout, PackedWeight
 from pagedkv.native.build import BuildFailure, entry_address, load_library
 
 #: The kernel's C source, shipped with the package.
@@ -89,7 +67,8 @@ def _entry(library: ctypes.CDLL, name: str) -> Any:
 
 class PackedGemv:
     """The kernels, for float32 and bfloat16. Build them with :meth:`build`; a product runs
-    here only if :meth:`takes` accepts it (:class:`~pagedkv.model.layers.Linear` asks first)."""
+    here only if :meth:`takes` accepts it
+    (:class:`~pagedkv.accel.cpu.packed_linear.PackedProduct` asks first)."""
 
     def __init__(self, library: ctypes.CDLL, amx: ctypes.CDLL | None = None) -> None:
         #: The entry point of each layout the kernel reads, by the layout's name.
@@ -209,21 +188,3 @@ class PackedGemv:
                     f"{rows.shape[0]}, or its scratch could not be allocated"
                 )
         return out.reshape(*x.shape[:-1], out_features)
-
-
-def use_packed_gemv(model: nn.Module, kernel: PackedGemv | None) -> int:
-    """Let every packed :class:`~pagedkv.model.layers.Linear` of ``model`` whose layout the
-    kernel reads run its products of few rows through ``kernel`` (``None``: oneDNN again);
-    returns how many layers it was given to."""
-    given = 0
-    for module in model.modules():
-        if isinstance(module, Linear):
-            reads = kernel is not None and kernel.reads(module.packed_weight)
-            module.gemv = kernel if reads else None
-            given += reads
-    return given
-
-
-def has_packed_gemv(model: nn.Module) -> bool:
-    """Whether any linear layer of ``model`` runs products through the kernel."""
-    return any(isinstance(m, Linear) and m.gemv is not None for m in model.modules())

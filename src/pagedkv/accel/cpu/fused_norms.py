@@ -5,10 +5,8 @@ it, as a small C kernel (``native/fused_norms.c``) built on first use by
 Why: written in torch, one RMSNorm is about ten operators (a cast, a square, a mean, an add, a
 reciprocal square root, two products, ...) and a rotation seven more; a Qwen3 layer runs four
 norms, two rotations and two residual adds, so a decode step of a few rows pays about fifty
-operator dispatches per layer for a few kilobytes of arithmetic. Measured on one two-core AMD
-EPYC (torch 2.13, one thread): one torch RMSNorm of 2 rows of 256 channels took 86 us; the
-small model's decode step of 2 sequences spent about 5 of its 11.5 ms outside its matrix
-products.
+operator dispatches per layer for a few kilobytes of arithmetic (``bench/README.md`` has the
+figures).
 
 The kernel repeats transformers' arithmetic operation by operation, with the same roundings
 (the C file says which), so it differs from the torch formulation only in the order of the
@@ -26,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pagedkv.model.layers import RMSNorm
+from pagedkv.accel.substitution import as_subclass
+from pagedkv.model.layers import RMSNorm, apply_rotary
 from pagedkv.native.build import BuildFailure, entry_address, load_library
 
 #: The kernel's C source, shipped with the package.
@@ -53,7 +52,7 @@ _RMS_NORM_ROPE: list[Any] = [_INT, *[_POINTER] * 5, *[_SIZE] * 4, _FLOAT, _INT]
 class FusedNorms:
     """The kernel for one dtype on the CPU. Build it with :meth:`build`; a call is made only
     for inputs :meth:`takes`, :meth:`takes_sum` or :meth:`takes_rotation` accepts
-    (:class:`~pagedkv.model.layers.RMSNorm` asks first), others stay with torch."""
+    (:class:`FusedRMSNorm` asks first), others stay with torch."""
 
     def __init__(self, library: ctypes.CDLL, dtype: torch.dtype) -> None:
         self._add_rms_norm = library.add_rms_norm
@@ -170,14 +169,42 @@ class FusedNorms:
         return out
 
 
-def use_fused_norms(model: nn.Module, kernel: FusedNorms | None) -> None:
-    """Let every RMSNorm of ``model`` run through ``kernel`` (``None``: the torch formulation
-    again)."""
-    for module in model.modules():
-        if isinstance(module, RMSNorm):
-            module.fused = kernel
+class FusedRMSNorm(RMSNorm):
+    """A :class:`~pagedkv.model.layers.RMSNorm` that normalises in one kernel call, with the
+    residual add before it (:meth:`add_forward`) or the rotation after it (:meth:`rotated`),
+    for inputs the kernel takes; the reference formulation for others. Build it with
+    :meth:`substitute`."""
+
+    kernel: FusedNorms
+
+    @classmethod
+    def substitute(cls, norm: RMSNorm, kernel: FusedNorms) -> FusedRMSNorm:
+        """``norm``'s substitute (its weight shared), ``norm`` not changed."""
+        new = as_subclass(norm, cls)
+        new.kernel = kernel
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``[..., dim]``; returns the same shape and dtype."""
+        if self.kernel.takes(x, self.weight):
+            return self.kernel.add_rms_norm(x, None, self.weight, self.eps)[1]
+        return super().forward(x)
+
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + residual, norm(x + residual))``, ``x`` and ``residual`` of one shape."""
+        if self.kernel.takes_sum(x, residual, self.weight):
+            return self.kernel.add_rms_norm(x, residual, self.weight, self.eps)
+        return super().add_forward(x, residual)
+
+    def rotated(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``apply_rotary(norm(x), cos, sin)`` of ``x`` ``[T, heads, dim]``."""
+        if self.kernel.takes_rotation(x, self.weight, cos, sin):
+            return self.kernel.rms_norm_rope(x, self.weight, cos, sin, self.eps)
+        return apply_rotary(self(x), cos, sin)
 
 
 def has_fused_norms(model: nn.Module) -> bool:
-    """Whether any RMSNorm of ``model`` runs through a fused kernel."""
-    return any(isinstance(m, RMSNorm) and m.fused is not None for m in model.modules())
+    """Whether any RMSNorm of ``model`` is a :class:`FusedRMSNorm`."""
+    return any(isinstance(m, FusedRMSNorm) for m in model.modules())

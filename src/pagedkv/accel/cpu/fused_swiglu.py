@@ -4,9 +4,8 @@
 Why: in torch the activation is a split of the merged gate/up product into two views, a silu
 and a product, each an operator dispatch with its own output tensor; a Qwen3 layer runs one,
 so a decode step pays three dispatches and two allocations per layer for a few kilobytes of
-arithmetic. The kernel reads the merged product in place and writes the activation once.
-Measured on one two-core AMD EPYC (torch 2.13, 2 threads), one row of the 0.6B shape's
-3072-wide MLP: 3.6-4.9 us a call against 8.1-10.3 us for torch's split, silu and product.
+arithmetic. The kernel reads the merged product in place and writes the activation once, in
+about half the time of torch's three operators (``bench/README.md``).
 
 The kernel repeats torch's arithmetic with its roundings (the C file says which); only its
 exp differs from the one torch calls, by about a unit in the last place, so float32 results
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pagedkv.accel.substitution import as_subclass
 from pagedkv.model.layers import SwiGLUMLP
 from pagedkv.native.build import BuildFailure, entry_address, load_library
 
@@ -44,7 +44,7 @@ _ARGTYPES: list[Any] = [_INT, _POINTER, _SIZE, _POINTER, _SIZE, _SIZE, _INT]
 
 class FusedSwiGLU:
     """The kernel for one dtype on the CPU. Build it with :meth:`build`; a call is made only
-    for products :meth:`takes` accepts (:class:`~pagedkv.model.layers.SwiGLUMLP` asks first),
+    for products :meth:`takes` accepts (:class:`FusedSwiGLUMLP` asks first),
     others stay with torch."""
 
     def __init__(self, library: ctypes.CDLL, dtype: torch.dtype) -> None:
@@ -105,14 +105,27 @@ class FusedSwiGLU:
         return out
 
 
-def use_fused_swiglu(model: nn.Module, kernel: FusedSwiGLU | None) -> None:
-    """Let every dense MLP of ``model`` run its activation through ``kernel`` (``None``: the
-    torch formulation again)."""
-    for module in model.modules():
-        if isinstance(module, SwiGLUMLP):
-            module.fused = kernel
+class FusedSwiGLUMLP(SwiGLUMLP):
+    """A :class:`~pagedkv.model.layers.SwiGLUMLP` whose activation runs through the kernel
+    where it takes the product, the reference formulation elsewhere. Build it with
+    :meth:`substitute`."""
+
+    kernel: FusedSwiGLU
+
+    @classmethod
+    def substitute(cls, mlp: SwiGLUMLP, kernel: FusedSwiGLU) -> FusedSwiGLUMLP:
+        """``mlp``'s substitute (its projections shared), ``mlp`` not changed."""
+        new = as_subclass(mlp, cls)
+        new.kernel = kernel
+        return new
+
+    def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of the merged product ``gate_up`` ``[T, 2 * intermediate]``."""
+        if self.kernel.takes(gate_up):
+            return self.kernel.swiglu(gate_up)
+        return super().activation(gate_up)
 
 
 def has_fused_swiglu(model: nn.Module) -> bool:
-    """Whether any dense MLP of ``model`` runs its activation through a fused kernel."""
-    return any(isinstance(m, SwiGLUMLP) and m.fused is not None for m in model.modules())
+    """Whether any dense MLP of ``model`` is a :class:`FusedSwiGLUMLP`."""
+    return any(isinstance(m, FusedSwiGLUMLP) for m in model.modules())

@@ -1,5 +1,5 @@
 /* Products of up to 32 bfloat16 rows with a weight in oneDNN's packed bfloat16 layout, read
- * where oneDNN keeps it, on the CPU's AMX tiles (see pagedkv/model/packed_gemv.py, which
+ * where oneDNN keeps it, on the CPU's AMX tiles (see pagedkv/accel/cpu/packed_gemv.py, which
  * checks the layout, builds and calls this file; packed_gemv.c describes the layout).
  *
  * The layout is already what a tile multiply reads: a block of 32 outputs by 32 inputs holds,

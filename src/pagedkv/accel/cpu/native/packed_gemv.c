@@ -1,5 +1,5 @@
 /* Products of a few rows with a weight in oneDNN's packed layout, read where oneDNN keeps it
- * (see pagedkv/model/packed_gemv.py, which checks the layout, builds and calls this file).
+ * (see pagedkv/accel/cpu/packed_gemv.py, which checks the layout, builds and calls this file).
  *
  * The layout, for a weight [out, in] (`out` rows, `in` columns) repacked by oneDNN for
  * products of many rows: blocks of BLOCK_OUT outputs by BLOCK_IN inputs, output blocks
