@@ -83,3 +83,55 @@ def test_what_people_use_holds_engines_through_the_protocol() -> None:
         "pagedkv.model",
     )
     assert offences(paths, forbidden) == []
+
+
+#: What an acceleration's kernels are reached by: none of it belongs in the reference model.
+ACCELERATION_IMPORTS = ("ctypes", "pagedkv.accel", "pagedkv.native")
+
+#: Names of a kernel's slot on a module: a reference class that declares one is mutated by an
+#: acceleration instead of substituted.
+KERNEL_SLOTS = ("fused", "gemv", "packed", "kernel")
+
+
+def kernel_slots(paths: list[Path]) -> list[str]:
+    """``file: Class.name`` of each class attribute in ``paths`` named like a kernel's slot."""
+    slots = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for statement in node.body:
+                targets = (
+                    [statement.target]
+                    if isinstance(statement, ast.AnnAssign)
+                    else statement.targets
+                    if isinstance(statement, ast.Assign)
+                    else []
+                )
+                for target in targets:
+                    if isinstance(target, ast.Name) and target.id.startswith(KERNEL_SLOTS):
+                        slots.append(f"{path.name}: {node.name}.{target.id}")
+    return slots
+
+
+@pytest.mark.spec("ENG-161")
+def test_the_reference_model_is_plain_torch() -> None:
+    """``pagedkv.model`` imports no kernel, calls no oneDNN op, and none of its classes
+    declares a kernel's slot."""
+    paths = sorted((SRC / "model").glob("*.py"))
+    assert len(paths) >= 10
+    assert offences(paths, ACCELERATION_IMPORTS) == []
+    assert [p.name for p in paths if "mkldnn" in p.read_text(encoding="utf-8")] == []
+    assert kernel_slots(paths) == []
+
+
+def test_the_plain_torch_checks_see_a_kernel(tmp_path: Path) -> None:
+    """The checks above fail on a module that imports ctypes and a class that declares a
+    kernel's slot (the way the reference norms once held theirs)."""
+    source = tmp_path / "pagedkv" / "model" / "probe.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("import ctypes\n\nclass RMSNorm:\n    fused: object = None\n    gemv = 1\n")
+    assert offences([source], ACCELERATION_IMPORTS, root=tmp_path) == [
+        "pagedkv/model/probe.py:1 imports ctypes"
+    ]
+    assert kernel_slots([source]) == ["probe.py: RMSNorm.fused", "probe.py: RMSNorm.gemv"]

@@ -7,7 +7,7 @@ the activation, two K/V copies and the attention), each behind its module, its c
 ``ctypes`` call: a tenth of a batch-1 decode step of the 0.6B shape. The C program makes the
 same calls in the same order, through each kernel's own entry point, on buffers of the same
 shapes, so its output is the modules' to the bit; a step pays one call for all its layers
-(``bench/README.md`` has the figures).
+(``bench/kernels.md`` has the figures).
 
 The program writes each layer's K/V into the reference store's pools itself, at the plan's
 slots, where the store's ``write`` would (as the compiled and captured decode steps of

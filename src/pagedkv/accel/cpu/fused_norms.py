@@ -5,7 +5,7 @@ it, as a small C kernel (``native/fused_norms.c``) built on first use by
 Why: written in torch, one RMSNorm is about ten operators (a cast, a square, a mean, an add, a
 reciprocal square root, two products, ...) and a rotation seven more; a Qwen3 layer runs four
 norms, two rotations and two residual adds, so a decode step of a few rows pays about fifty
-operator dispatches per layer for a few kilobytes of arithmetic (``bench/README.md`` has the
+operator dispatches per layer for a few kilobytes of arithmetic (``bench/kernels.md`` has the
 figures).
 
 The kernel repeats transformers' arithmetic operation by operation, with the same roundings

@@ -5,7 +5,7 @@ Why: in torch the activation is a split of the merged gate/up product into two v
 and a product, each an operator dispatch with its own output tensor; a Qwen3 layer runs one,
 so a decode step pays three dispatches and two allocations per layer for a few kilobytes of
 arithmetic. The kernel reads the merged product in place and writes the activation once, in
-about half the time of torch's three operators (``bench/README.md``).
+about half the time of torch's three operators (``bench/kernels.md``).
 
 The kernel repeats torch's arithmetic with its roundings (the C file says which); only its
 exp differs from the one torch calls, by about a unit in the last place, so float32 results

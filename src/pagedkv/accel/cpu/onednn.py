@@ -3,7 +3,7 @@
 torch's plain ``F.linear`` on a CPU weight calls MKL (float32) or a generic matrix-vector
 product (bfloat16); oneDNN reads a weight repacked once into its blocked layout with AVX-512 or
 AMX kernels, faster for batch-1 decode, batched decode and prefill alike in both dtypes
-(``bench/README.md`` has the figures). oneDNN rounds float32 differently from MKL (another
+(``bench/kernels.md`` has the figures). oneDNN rounds float32 differently from MKL (another
 order of the same float32 sums), well inside GLD's float32 tolerance.
 """
 
@@ -13,7 +13,7 @@ import torch
 
 #: The batch size oneDNN chooses a packed weight's blocked layout for. Packed for 32 rows,
 #: products of 1 to 128 rows were as fast or faster than packed for 1 row on the 0.6B shape
-#: (``bench/README.md``); vLLM's CPU backend packs for 32 rows too.
+#: (``bench/kernels.md``); vLLM's CPU backend packs for 32 rows too.
 PACKED_FOR_ROWS = 32
 
 

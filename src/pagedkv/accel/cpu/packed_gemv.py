@@ -8,7 +8,7 @@ blocks (float32; bfloat16 where the CPU has no AMX) by the wide entries of
 
 Why: a decode step of a few sequences multiplies a few rows by every weight of the model, so
 it only streams the weights, and oneDNN's kernel streams them below the memory's rate; with
-more rows oneDNN's AMX kernel still streams a bfloat16 weight slowly (``bench/README.md`` has
+more rows oneDNN's AMX kernel still streams a bfloat16 weight slowly (``bench/kernels.md`` has
 the figures). Products of more rows stay with oneDNN, whose blocked kernels reuse each weight
 across many rows.
 
