@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from pagedkv.engine.host_memory import can_retain_freed_memory
+from pagedkv.accel.cpu.host_memory import can_retain_freed_memory
 
 #: A layer's worth of temporaries, as a 16-bit decode step makes them: two 16-bit gathers,
 #: their float32 copies and a sum, all freed; minor page faults per round, before and after
@@ -20,7 +20,7 @@ from pagedkv.engine.host_memory import can_retain_freed_memory
 #: threshold set is above them.
 PROBE = """
 import json, resource, sys, torch
-from pagedkv.engine.host_memory import retain_freed_memory
+from pagedkv.accel.cpu.host_memory import retain_freed_memory
 
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

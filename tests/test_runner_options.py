@@ -16,17 +16,17 @@ import torch
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 
+from pagedkv.accel import static_decode
 from pagedkv.accel.cpu.builder import weight_nbytes
 from pagedkv.accel.cpu.onednn import packing_supported
 from pagedkv.accel.cpu.packed_linear import PackedProduct, is_packed
+from pagedkv.accel.static_decode import MIN_WIDTH, StaticDecode, bucket
 from pagedkv.backend import ReferenceBackend
-from pagedkv.engine import static_decode
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.runner_options import RunnerOptions
-from pagedkv.engine.static_decode import MIN_WIDTH, StaticDecode, bucket
 from pagedkv.errors import InvalidRequest
 from pagedkv.model.layers import Linear
 from pagedkv.model.loader import load_model

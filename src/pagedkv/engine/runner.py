@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from pagedkv.accel.cpu.builder import build_cpu_model, weight_nbytes
-from pagedkv.engine.host_memory import retain_freed_memory
+from pagedkv.accel.cpu.host_memory import retain_freed_memory
+from pagedkv.accel.static_decode import StaticDecode, static_decode_over, static_store
 from pagedkv.engine.runner_options import RunnerOptions
-from pagedkv.engine.static_decode import StaticDecode
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
 from pagedkv.model.loader import load_model
@@ -56,9 +56,9 @@ class ModelRunner:
         static_decode: StaticDecodeOf | None = None,
     ) -> None:
         self.options = options or RunnerOptions()
-        static_store = _static_store(model, store, self.options)
-        if static_decode is None and static_store is not None:
-            static_decode = partial(_static_decode, store=static_store, options=self.options)
+        static = static_store(model, store, self.options)
+        if static_decode is None and static is not None:
+            static_decode = partial(static_decode_over, store=static, options=self.options)
         self.model = build_cpu_model(model, store, self.options, static_decode is not None)
         self._prepare = prepare
         self._store = store
@@ -199,45 +199,3 @@ class ModelRunner:
             else:
                 logits = self.model(plan, attention)
         return logits.float().cpu()
-
-
-#: Largest decode batch run by :class:`StaticDecode` (larger ones take the ordinary path).
-STATIC_MAX_BATCH = 256
-
-
-def _static_store(
-    model: Qwen3ForCausalLM, store: PagedStore | None, options: RunnerOptions
-) -> TorchPagedStore | None:
-    """The store whose pools the fixed-shape decode steps of ``options`` read, or ``None``
-    where they are off.
-
-    Raises:
-        InvalidRequest: ``compile`` with ``cuda_graphs`` (a step is captured or compiled,
-            not both), CUDA graphs on a model not on a CUDA device, or a store other than
-            the reference one (whose pools the captured step reads).
-    """
-    if not (options.compile or options.cuda_graphs) or store is None:
-        return None
-    if options.compile and options.cuda_graphs:
-        raise InvalidRequest("compile and cuda_graphs exclude each other: choose one")
-    device = next(model.parameters()).device
-    if options.cuda_graphs and device.type != "cuda":
-        raise InvalidRequest(f"cuda_graphs needs a model on a CUDA device, not {device}")
-    if not isinstance(store, TorchPagedStore):
-        raise InvalidRequest("cuda_graphs and compile need pagedkv's TorchPagedStore")
-    return store
-
-
-def _static_decode(
-    model: Qwen3ForCausalLM, store: TorchPagedStore, options: RunnerOptions
-) -> StaticDecode:
-    """The fixed-shape decode path of ``options`` for ``model`` over the reference ``store``."""
-    config = store.config
-    return StaticDecode(
-        model,
-        store,
-        max_batch=STATIC_MAX_BATCH,
-        max_width=min(model.config.max_positions, config.num_pages * config.page_size),
-        cuda_graphs=options.cuda_graphs,
-        compile=options.compile,
-    )

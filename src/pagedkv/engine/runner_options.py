@@ -19,16 +19,16 @@ class RunnerOptions:
             since inductor cannot lower oneDNN's packed weights (and packs its own); ``True``
             with ``compile`` is refused.
         compile: run decode steps through ``torch.compile`` (inductor), one compiled step per
-            fixed shape (:mod:`pagedkv.engine.static_decode`), the weights frozen into it and
+            fixed shape (:mod:`pagedkv.accel.static_decode`), the weights frozen into it and
             packed by inductor (ENG-115); the first step of each new shape pays the
             compilation (tens of seconds for the 0.6B shape on two cores) and each shape
             holds its own packed copy of the weights. Faster than eager in bfloat16, slower
             in float32. Prefill runs eagerly. v1 runners only.
         cuda_graphs: replay decode steps from CUDA graphs captured per fixed shape
-            (:mod:`pagedkv.engine.static_decode`); v1 runners on a CUDA device only.
+            (:mod:`pagedkv.accel.static_decode`); v1 runners on a CUDA device only.
         retain_freed_memory: keep the memory steps free inside the process, so that their
             large temporaries are not faulted in again layer after layer
-            (:mod:`pagedkv.engine.host_memory`; a setting of the whole process). ``None``
+            (:mod:`pagedkv.accel.cpu.host_memory`; a setting of the whole process). ``None``
             (the default): on for a model on the CPU where the C library is glibc; ``True``
             where it is not is refused.
         fused_norms: run every RMSNorm in one call of a small C kernel, fused with the

@@ -164,6 +164,8 @@ class Qwen3ForCausalLM(nn.Module):
         self.collectives: Collectives = collectives or SingleRank()
         self.model = Qwen3Model(config, self.layout, self.collectives)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        #: The LM head, or ``None`` when the embeddings are tied: the embedding table is then
+        #: the head's weight (an acceleration may place a head of its own here).
         self.lm_head: Linear | None = (
             None
             if config.tie_word_embeddings

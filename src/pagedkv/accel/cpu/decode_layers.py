@@ -11,7 +11,7 @@ shapes, so its output is the modules' to the bit; a step pays one call for all i
 
 The program writes each layer's K/V into the reference store's pools itself, at the plan's
 slots, where the store's ``write`` would (as the compiled and captured decode steps of
-:mod:`pagedkv.engine.static_decode` read them), so it is built over a
+:mod:`pagedkv.accel.static_decode` read them), so it is built over a
 :class:`~pagedkv.store.paged_store.TorchPagedStore` only.
 
 It runs a step whose every sequence decodes one row, on a model whose every layer the kernels

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch._inductor import config as inductor_config
 
+from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import AttentionBatch
+from pagedkv.interfaces import AttentionBatch, PagedStore
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.plan import StepPlan
 from pagedkv.store.paged_store import PagedAttentionMetadata, TorchPagedStore
@@ -265,3 +266,45 @@ def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], No
     with torch.cuda.graph(graph):
         step()
     return graph.replay
+
+
+#: Largest decode batch run by :class:`StaticDecode` (larger ones take the ordinary path).
+STATIC_MAX_BATCH = 256
+
+
+def static_store(
+    model: Qwen3ForCausalLM, store: PagedStore | None, options: RunnerOptions
+) -> TorchPagedStore | None:
+    """The store whose pools the fixed-shape decode steps of ``options`` read, or ``None``
+    where they are off.
+
+    Raises:
+        InvalidRequest: ``compile`` with ``cuda_graphs`` (a step is captured or compiled,
+            not both), CUDA graphs on a model not on a CUDA device, or a store other than
+            the reference one (whose pools the captured step reads).
+    """
+    if not (options.compile or options.cuda_graphs) or store is None:
+        return None
+    if options.compile and options.cuda_graphs:
+        raise InvalidRequest("compile and cuda_graphs exclude each other: choose one")
+    device = next(model.parameters()).device
+    if options.cuda_graphs and device.type != "cuda":
+        raise InvalidRequest(f"cuda_graphs needs a model on a CUDA device, not {device}")
+    if not isinstance(store, TorchPagedStore):
+        raise InvalidRequest("cuda_graphs and compile need pagedkv's TorchPagedStore")
+    return store
+
+
+def static_decode_over(
+    model: Qwen3ForCausalLM, store: TorchPagedStore, options: RunnerOptions
+) -> StaticDecode:
+    """The fixed-shape decode path of ``options`` for ``model`` over the reference ``store``."""
+    config = store.config
+    return StaticDecode(
+        model,
+        store,
+        max_batch=STATIC_MAX_BATCH,
+        max_width=min(model.config.max_positions, config.num_pages * config.page_size),
+        cuda_graphs=options.cuda_graphs,
+        compile=options.compile,
+    )
