@@ -56,7 +56,7 @@ def test_a_failed_workload_fails_the_run_and_the_others_still_run(
 ) -> None:
     asked: list[str] = []
 
-    def fake_isolated(name: str, ctx: BenchContext) -> WorkloadResult:
+    def fake_isolated(name: str, ctx: BenchContext, child_module: str) -> WorkloadResult:
         asked.append(name)
         if name == "detokenize":
             return WorkloadResult(name, errors={"workload": "its process exited with status 1"})

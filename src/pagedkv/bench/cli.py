@@ -15,28 +15,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-#: Every workload, in the order a run measures them.
-WORKLOADS = (
-    "micro",
-    "scheduling",
-    "attention",
-    "memory",
-    "shared_prefix",
-    "mixed",
-    "scaling",
-    "decode",
-    "detokenize",
-    "parallel",
-    "peers",
-    "tp",
-)
-
-#: The workloads ``--device cuda`` runs: those of the Qwen3-0.6B-shaped checkpoint.
-CUDA_WORKLOADS = ("decode", "peers")
+from pagedkv.bench.workloads import PAGEDKV_WORKLOADS, WorkloadTable
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the benchmark's options to ``parser`` (also used by ``pagedkv bench``)."""
+def add_arguments(
+    parser: argparse.ArgumentParser, table: WorkloadTable = PAGEDKV_WORKLOADS
+) -> None:
+    """Add the benchmark's options to ``parser``, its workloads ``table``'s (also used by
+    ``pagedkv bench``)."""
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -52,9 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--only",
         action="append",
-        choices=WORKLOADS,
+        choices=table.names,
         metavar="WORKLOAD",
-        help=f"run only this workload (repeatable): {', '.join(WORKLOADS)}",
+        help=f"run only this workload (repeatable): {', '.join(table.names)}",
     )
     parser.add_argument(
         "--threads",
@@ -67,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("cpu", "cuda"),
         default="cpu",
         help="where pagedkv and transformers run; cuda runs the 0.6B-shape workloads "
-        f"({', '.join(CUDA_WORKLOADS)}) and is skipped with a reason without a GPU",
+        f"({', '.join(table.cuda_names)}) and is skipped with a reason without a GPU",
     )
     parser.add_argument(
         "--cache-dir",
@@ -106,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmarks described by parsed ``args``; the exit status.
+def run(args: argparse.Namespace, table: WorkloadTable = PAGEDKV_WORKLOADS) -> int:
+    """Run the workloads of ``table`` that parsed ``args`` describe; the exit status.
 
     Torch, transformers and the workloads are imported only here, so building the parser is
     cheap.
@@ -129,7 +115,14 @@ def run(args: argparse.Namespace) -> int:
             return 0
     from pagedkv.bench.suite import run_suite
 
-    return run_suite(args)
+    done = run_suite(args, table)
+    status = 1 if done.failed else 0
+    if args.gate is not None:
+        from pagedkv.bench import gate
+        from pagedkv.bench.results import read_json
+
+        status = max(status, gate.report(done.document, read_json(args.gate)))
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,12 +2,12 @@
 
 A full run holds several 0.6B-shaped models one after another (eager and compiled, pagedkv's
 and transformers'), and what one workload leaves in the process (allocator state, compiled
-kernels' threads, cached weights) slowed the next one's in-process systems: the peers' rows
-measured 11-20% slower for pagedkv and transformers after the other workloads than in a run
-of their own, while vLLM, always in its own process, did not move. So each workload of a full
-run runs here, in a new process, as a user's single engine would; ``python -m
-pagedkv.bench.isolated NAME RESULT [options]`` runs workload NAME with the run's options and
-writes its :class:`~pagedkv.bench.results.WorkloadResult` to the JSON file RESULT.
+kernels' threads, cached weights) slows the next one's in-process systems (bench/README.md
+says by how much). So each workload of a full run runs here, in a new process, as a user's
+single engine would; ``python -m pagedkv.bench.isolated NAME RESULT [options]`` runs workload
+NAME of :data:`~pagedkv.bench.workloads.PAGEDKV_WORKLOADS` with the run's options and writes
+its :class:`~pagedkv.bench.results.WorkloadResult` to the JSON file RESULT. A table that adds
+workloads names its own child module, which calls :func:`main` with that table.
 """
 
 from __future__ import annotations
@@ -24,19 +24,24 @@ from typing import Any
 
 import torch
 
+from pagedkv.bench.checkpoints import small_checkpoint
 from pagedkv.bench.context import BenchContext
+from pagedkv.bench.in_process import quiet_transformers, run_workload, vocab_of
 from pagedkv.bench.results import Target, WorkloadResult
+from pagedkv.bench.workloads import PAGEDKV_WORKLOADS, WorkloadTable
 
 
-def run_isolated(name: str, ctx: BenchContext) -> WorkloadResult:
-    """Run workload ``name`` in a new interpreter with ``ctx``'s settings; its result, or a
-    result whose ``errors`` say why the process gave none."""
+def run_isolated(
+    name: str, ctx: BenchContext, child_module: str = PAGEDKV_WORKLOADS.child_module
+) -> WorkloadResult:
+    """Run workload ``name`` in a new interpreter (``python -m child_module``) with ``ctx``'s
+    settings; its result, or a result whose ``errors`` say why the process gave none."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "result.json"
         command = [
             sys.executable,
             "-m",
-            "pagedkv.bench.isolated",
+            child_module,
             name,
             str(path),
             "--threads",
@@ -64,12 +69,9 @@ def result_from_json(data: dict[str, Any]) -> WorkloadResult:
     return WorkloadResult(**data, targets=targets)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one workload (see the module docstring); the exit status."""
-    from pagedkv.bench.checkpoints import small_checkpoint
-    from pagedkv.bench.suite import quiet_transformers, run_workload, vocab_of
-
-    parser = argparse.ArgumentParser(prog="python -m pagedkv.bench.isolated")
+def main(argv: list[str] | None = None, table: WorkloadTable = PAGEDKV_WORKLOADS) -> int:
+    """Run one workload of ``table`` (see the module docstring); the exit status."""
+    parser = argparse.ArgumentParser(prog=f"python -m {table.child_module}")
     parser.add_argument("name")
     parser.add_argument("result", type=Path)
     parser.add_argument("--threads", type=int, required=True)
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_transformers()
     torch.set_num_threads(ctx.threads)
     checkpoint = small_checkpoint(ctx.cache_dir)
-    result = run_workload(args.name, ctx, checkpoint, vocab_of(checkpoint))
+    result = run_workload(table, args.name, ctx, checkpoint, vocab_of(checkpoint))
     args.result.write_text(json.dumps(asdict(result)), encoding="utf-8")
     return 0
 

@@ -1,67 +1,45 @@
-"""Running the selected workloads and writing a run's results (the heavy half of the CLI)."""
+"""Running the selected workloads of a table and writing a run's results (the heavy half of
+the command line)."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pagedkv.bench import (
-    attention,
-    decode,
-    detokenize,
-    gate,
-    memory,
-    micro,
-    mixed,
-    parallel,
-    peers,
-    plots,
-    scaling,
-    scheduling,
-    shared_prefix,
-    tensor_parallel,
-)
+from pagedkv.bench import plots
 from pagedkv.bench.checkpoints import QWEN3_0_6B, Checkpoint, small_checkpoint
-from pagedkv.bench.cli import CUDA_WORKLOADS, WORKLOADS
 from pagedkv.bench.context import BenchContext, default_cache_dir
+from pagedkv.bench.in_process import quiet_transformers, run_workload, vocab_of
 from pagedkv.bench.isolated import run_isolated
 from pagedkv.bench.machine import load_average, machine_info, physical_cores
 from pagedkv.bench.pagedkv_system import PAGE_SIZE
 from pagedkv.bench.report import results_markdown
-from pagedkv.bench.results import WorkloadResult, build_document, read_json, write_json
-
-#: The workloads of ``--quick`` (the CI gate): no 0.6B-shaped checkpoint.
-QUICK_WORKLOADS = ("micro", "scheduling", "attention", "memory", "shared_prefix", "mixed")
-
-Runner = Callable[[BenchContext, Checkpoint, int], WorkloadResult]
+from pagedkv.bench.results import WorkloadResult, build_document, write_json
+from pagedkv.bench.workloads import WorkloadTable
 
 
-def _runners() -> dict[str, Runner]:
-    return {
-        "micro": lambda ctx, ck, vocab: micro.run(ctx),
-        "scheduling": lambda ctx, ck, vocab: scheduling.run(ctx),
-        "attention": lambda ctx, ck, vocab: attention.run(ctx),
-        "memory": memory.run,
-        "shared_prefix": shared_prefix.run,
-        "mixed": mixed.run,
-        "scaling": scaling.run,
-        "decode": lambda ctx, ck, vocab: decode.run(ctx),
-        "detokenize": lambda ctx, ck, vocab: detokenize.run(ctx, ck),
-        "parallel": lambda ctx, ck, vocab: parallel.run(ctx, ck),
-        "peers": lambda ctx, ck, vocab: peers.run(ctx),
-        "tp": lambda ctx, ck, vocab: tensor_parallel.run(ctx),
-    }
+@dataclass(frozen=True, slots=True)
+class SuiteRun:
+    """What a run produced.
+
+    Attributes:
+        document: the results.json document, as written to ``--out``.
+        failed: a workload raised (its error is in the document).
+    """
+
+    document: dict[str, Any]
+    failed: bool
 
 
-def run_suite(args: argparse.Namespace) -> int:
-    """Run the workloads ``args`` select (see :func:`pagedkv.bench.cli.add_arguments`), write
-    the results, check the floors if asked; the exit status."""
+def run_suite(args: argparse.Namespace, table: WorkloadTable) -> SuiteRun:
+    """Run the workloads of ``table`` that ``args`` select (see
+    :func:`pagedkv.bench.cli.add_arguments`) and write the results to ``args.out``."""
     ctx = BenchContext(
         quick=args.quick,
         threads=args.threads if args.threads is not None else physical_cores(),
@@ -72,54 +50,40 @@ def run_suite(args: argparse.Namespace) -> int:
     )
     quiet_transformers()
     torch.set_num_threads(ctx.threads)
-    selected = args.only or (QUICK_WORKLOADS if ctx.quick else WORKLOADS)
+    selected = args.only or (table.quick_names if ctx.quick else table.names)
     if ctx.device != "cpu":
-        selected = [w for w in selected if w in CUDA_WORKLOADS]
+        selected = [w for w in selected if w in table.cuda_names]
     machine = machine_info(ctx.threads)
     checkpoint = small_checkpoint(ctx.cache_dir)
     vocab = vocab_of(checkpoint)
     ctx.log(f"small checkpoint: {checkpoint.name} ({checkpoint.description})")
     # A full run's workloads each in a fresh process (SRV-049); the quick gate's in this one.
     results = [
-        run_workload(name, ctx, checkpoint, vocab) if ctx.quick else run_isolated(name, ctx)
-        for name in WORKLOADS
-        if name in selected
+        _run_one(table, name, ctx, checkpoint, vocab) for name in table.names if name in selected
     ]
-    failed = any("workload" in r.errors for r in results)
     machine["load_average_end"] = load_average()
     document = build_document(
         mode="quick" if ctx.quick else "full",
         machine=machine,
-        settings=_settings(ctx, checkpoint, selected),
+        settings=_settings(ctx, checkpoint, [n for n in table.names if n in selected]),
         workloads=results,
         runtime_s=time.perf_counter() - ctx.started,
     )
     _write(ctx, document, args.out, plots_wanted=not (ctx.quick or args.no_plots))
-    status = 1 if failed else 0
-    if args.gate is not None:
-        status = max(status, gate.report(document, read_json(args.gate)))
-    return status
+    return SuiteRun(document, failed=any("workload" in r.errors for r in results))
 
 
-def run_workload(
-    name: str, ctx: BenchContext, checkpoint: Checkpoint, vocab: int
+def _run_one(
+    table: WorkloadTable, name: str, ctx: BenchContext, checkpoint: Checkpoint, vocab: int
 ) -> WorkloadResult:
-    """Run workload ``name`` in this process; its result, with the error it raised (if any)
-    under ``errors["workload"]`` and its wall time."""
-    started = time.perf_counter()
-    try:
-        result = _runners()[name](ctx, checkpoint, vocab)
-    except Exception as exc:  # one workload failing must not lose the others' results
-        result = WorkloadResult(name, errors={"workload": f"{type(exc).__name__}: {exc}"})
-        ctx.log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
-    result.seconds = time.perf_counter() - started
-    ctx.log(f"{name}: done in {result.seconds:.1f} s")
-    return result
+    if ctx.quick:
+        return run_workload(table, name, ctx, checkpoint, vocab)
+    return run_isolated(name, ctx, table.child_module)
 
 
 def _settings(ctx: BenchContext, checkpoint: Checkpoint, selected: Sequence[str]) -> dict[str, Any]:
     return {
-        "workloads": [w for w in WORKLOADS if w in selected],
+        "workloads": list(selected),
         "seed": ctx.seed,
         "torch_threads": ctx.threads,
         "device": ctx.device,
@@ -144,25 +108,3 @@ def _write(ctx: BenchContext, document: dict[str, Any], out: Path, plots_wanted:
             ctx.log(f"wrote {path}")
     elif plots_wanted:
         ctx.log("matplotlib is not installed: no plots (pip install 'pagedkv[bench]')")
-
-
-def vocab_of(checkpoint: Checkpoint) -> int:
-    """The vocabulary size of ``checkpoint``."""
-    from pagedkv.model.config import ModelConfig
-
-    return ModelConfig.from_dir(checkpoint.path).vocab_size
-
-
-def quiet_transformers() -> None:
-    """Silence transformers' progress bars and warnings; failures still raise and are recorded.
-
-    Its continuous batching logs an error per manager on a CPU without ``psutil`` (it cannot
-    size the cache from free memory; the benchmarks size it themselves), so that logger is
-    silenced too.
-    """
-    from transformers.utils import logging as hf_logging_module
-
-    hf_logging: Any = hf_logging_module
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
