@@ -14,6 +14,8 @@ from fake_vllm import fake_vllm_interpreter, small_peer
 from pagedkv.bench import cli, limits, peers, vllm_peer, vllm_worker
 from pagedkv.bench.machine import physical_cores, usable_cores
 from pagedkv.bench.peers import Row, rows
+from pagedkv.bench.requests import BenchRequest
+from pagedkv.bench.run import RunResult
 
 
 def test_the_read_bound_is_the_best_of_the_float32_kernels() -> None:
@@ -63,11 +65,10 @@ def test_vllm_without_its_interpreter_is_unavailable_with_the_reason(
         run_one_row(tmp_path)
 
 
-def run_one_row(model_dir: Path) -> dict[str, float]:
+def run_one_row(model_dir: Path) -> RunResult:
     """One small batch row on the vLLM peer, with the peers' step budget."""
-    row = vllm_peer.VllmRow("fp32_bs8", "batch", (((1, 2, 3), 4),))
     with small_peer(model_dir) as peer:
-        return peer.run(row)
+        return peer.run([BenchRequest((1, 2, 3), 4), BenchRequest((4, 5, 6), 4)])
 
 
 def test_the_peer_table_has_the_issue_rows() -> None:
@@ -115,7 +116,6 @@ def test_a_peer_is_timed_from_an_empty_prefix_cache(kind: str) -> None:
     """SRV-047: after the warm-up, no timed call finds a prompt in vLLM's prefix cache."""
     llm = _CachingLLM()
     row = {
-        "name": "r",
         "kind": kind,
         "requests": [[[1, 2, 3], 4], [[5, 6, 7], 4]][: 2 if kind == "batch" else 1],
     }
@@ -127,7 +127,7 @@ def test_a_peer_is_timed_from_an_empty_prefix_cache(kind: str) -> None:
 
 @pytest.mark.spec("SRV-047")
 def test_a_peer_that_cannot_clear_its_prefix_cache_is_not_timed() -> None:
-    row = {"name": "r", "kind": "batch", "requests": [[[1, 2, 3], 4]]}
+    row = {"kind": "batch", "requests": [[[1, 2, 3], 4]]}
     with pytest.raises(RuntimeError, match="prefix cache"):
         vllm_worker._row(_CachingLLM(clears=False), dict, row)
 
@@ -151,8 +151,9 @@ def test_pagedkv_runs_the_peers_rows_with_the_same_budget(monkeypatch: pytest.Mo
         return "engine"
 
     monkeypatch.setattr(peers, "make_engine", fake_make_engine)
-    monkeypatch.setattr(peers, "run_engine", lambda engine, requests, system: engine)
-    assert peers._measure(peers.PAGEDKV, None, None, 16, []) == "engine"  # type: ignore[arg-type]
+    system = peers.pagedkv_system(None, 16)  # type: ignore[arg-type]
+    assert system.name == peers.PAGEDKV
+    assert system.make_engine() == "engine"
     assert budgets == [peers.STEP_TOKENS]
 
 

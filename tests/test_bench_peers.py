@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 from fake_vllm import fake_vllm_interpreter, small_peer
 
-from pagedkv.bench import mixed, peers, vllm_peer
+from pagedkv.bench import hf_systems, mixed, pagedkv_system, peers, vllm_peer
 from pagedkv.bench.context import BenchContext
 from pagedkv.bench.hf_systems import HF_GENERATE_BATCH
+from pagedkv.bench.requests import BenchRequest
 from pagedkv.bench.results import WorkloadResult
 
 
@@ -23,13 +24,13 @@ def test_the_vllm_worker_stays_up_and_warms_each_row_up_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     fake_vllm_interpreter(monkeypatch, tmp_path)
-    batch = vllm_peer.VllmRow("fp32_bs2", "batch", (((1, 2), 3), ((4, 5), 3)))
-    decode = vllm_peer.VllmRow("fp32_decode", "decode", (((1, 2), 5),))
+    batch = [BenchRequest((1, 2), 3), BenchRequest((4, 5), 3)]
+    decode = [BenchRequest((1, 2), 5)]
     with small_peer() as peer:
         assert peer.version == "0.0-fake"
-        figures = [peer.run(batch), peer.run(batch), peer.run(decode), peer.run(decode)]
-    assert all(f["output_tokens_per_s"] > 0 for f in figures[:2])
-    assert all(f["decode_tokens_per_s"] > 0 for f in figures[2:])
+        runs = [peer.run(batch), peer.run(batch), peer.run(decode), peer.run(decode)]
+    assert all(r.tokens_per_s > 0 and r.output_tokens == 6 for r in runs[:2])
+    assert all(r.decode_tokens_per_s > 0 and r.decode_tokens == (4,) for r in runs[2:])
     calls = (tmp_path / "calls.txt").read_text().split()
     # batch: warm-up, timed, timed; decode: warm-up, then (1 token, 5 tokens) twice.
     assert calls == ["2", "2", "2", "1", "1", "1", "1", "1"]
@@ -42,21 +43,21 @@ def test_a_failing_vllm_worker_is_unavailable_with_its_last_words(
     fake_vllm_interpreter(monkeypatch, tmp_path)
     monkeypatch.setenv("FAKE_VLLM_FAIL", "the fake engine broke")
     with small_peer() as peer, pytest.raises(vllm_peer.PeerUnavailable) as caught:
-        peer.run(vllm_peer.VllmRow("r", "batch", (((1,), 2),)))
+        peer.run([BenchRequest((1,), 2), BenchRequest((3,), 2)])
     assert "exited with 1" in str(caught.value)
     assert "the fake engine broke" in str(caught.value)
 
 
-class _FakePeer:
-    """A peer whose runs are logged in ``order``; each returns the next of ``rates``."""
+class _FakeSystem:
+    """A system whose runs are logged in ``order``; each returns the next of ``rates``."""
 
-    def __init__(self, order: list[str], rates: list[float]) -> None:
-        self.order, self.rates = order, iter(rates)
+    def __init__(self, name: str, order: list[str], rates: list[float]) -> None:
+        self.name, self.order, self.rates = name, order, iter(rates)
 
-    def run(self, row: vllm_peer.VllmRow) -> dict[str, float]:
-        self.order.append(peers.VLLM)
+    def run(self, requests: object) -> SimpleNamespace:
+        self.order.append(self.name)
         value = next(self.rates)
-        return {"decode_tokens_per_s": value, "output_tokens_per_s": value}
+        return SimpleNamespace(decode_tokens_per_s=value, tokens_per_s=value)
 
 
 @pytest.mark.spec("SRV-104")
@@ -64,24 +65,24 @@ def test_the_systems_take_turns_and_each_row_reports_its_median(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     order: list[str] = []
-    rates = {peers.PAGEDKV: iter([30.0, 10.0, 20.0] * 3), peers.HF: iter([5.0, 7.0, 6.0] * 3)}
-
-    def measure(system: str, *args: object) -> SimpleNamespace:
-        order.append(system)
-        value = next(rates[system])
-        return SimpleNamespace(decode_tokens_per_s=value, tokens_per_s=value)
-
+    rates = {peers.PAGEDKV: [30.0, 10.0, 20.0] * 3, peers.HF: [5.0, 7.0, 6.0] * 3}
+    hf = _FakeSystem(peers.HF, order, [0.0, *rates[peers.HF]])  # its warm-up first
     for name in ("load_runner", "load_hf_model", "warm_up", "make_engine"):
         monkeypatch.setattr(peers, name, lambda *a, **k: None)
-    monkeypatch.setattr(peers, "run_generate_static", lambda *a, **k: None)
-    monkeypatch.setattr(peers, "_measure", measure)
+    monkeypatch.setattr(peers, "HfGenerate", lambda model: hf)
+    monkeypatch.setattr(
+        peers,
+        "pagedkv_system",
+        lambda runner, num_pages: _FakeSystem(peers.PAGEDKV, order, rates[peers.PAGEDKV]),
+    )
     ctx = BenchContext(quick=False, threads=1, verbose=False)
     dtype_rows = [r for r in peers.rows() if r.dtype == "float32"]
     samples: peers.Samples = {r.name: {} for r in dtype_rows}
-    peer = _FakePeer(order, [1.0, 3.0, 2.0] * 3)
+    peer = _FakeSystem(peers.VLLM, order, [1.0, 3.0, 2.0] * 3)
     checkpoint = SimpleNamespace(path=Path("unused"))
     peers._measure_rows(ctx, WorkloadResult("peers"), checkpoint, dtype_rows, 100, samples, peer)  # type: ignore[arg-type]
 
+    assert order.pop(0) == peers.HF  # the warm-up
     runs = [order[i : i + 3] for i in range(0, len(order), 3)]
     assert len(runs) == peers.REPEATS * len(dtype_rows)
     for row in range(len(dtype_rows)):  # each system leads one repetition of every row
@@ -128,8 +129,8 @@ def run_mixed(
     monkeypatch.setattr(mixed, "warm_up", lambda *a, **k: None)
     monkeypatch.setattr(mixed, "make_engine", lambda *a, **k: None)
     monkeypatch.setattr(mixed.ModelRunner, "recompute", staticmethod(lambda model: None))
-    monkeypatch.setattr(mixed, "run_engine", lambda engine, requests, name: fake_run(name))
-    monkeypatch.setattr(mixed, "run_generate_static", lambda *a, **k: fake_run("static"))
+    monkeypatch.setattr(pagedkv_system, "run_engine", lambda engine, requests, name: fake_run(name))
+    monkeypatch.setattr(hf_systems, "run_generate_static", lambda *a, **k: fake_run("static"))
     monkeypatch.setattr(mixed, "has_generate_batch", lambda model: True)
     warm_ups: list[int] = []
 
@@ -139,7 +140,7 @@ def run_mixed(
             return fake_run("warm-up")
         return fake_run(HF_GENERATE_BATCH)
 
-    monkeypatch.setattr(mixed, "run_generate_batch", fake_batch)
+    monkeypatch.setattr(hf_systems, "run_generate_batch", fake_batch)
     ctx = BenchContext(quick=False, threads=1, verbose=False)
     result = mixed.run(ctx, SimpleNamespace(path=Path("unused")), 100)  # type: ignore[arg-type]
     return result, warm_ups

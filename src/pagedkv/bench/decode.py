@@ -18,16 +18,20 @@ are medians over repetitions of the per-repetition ratios.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 
 from pagedkv.bench.checkpoints import Checkpoint, qwen3_shaped_checkpoint
 from pagedkv.bench.context import BenchContext
-from pagedkv.bench.hf_systems import load_hf_model, run_generate_static
+from pagedkv.bench.hf_systems import HfGenerate, load_hf_model
 from pagedkv.bench.limits import read_bandwidth
-from pagedkv.bench.pagedkv_system import load_runner, make_engine, run_engine
+from pagedkv.bench.pagedkv_system import PagedkvSystem, load_runner, make_engine
 from pagedkv.bench.requests import BenchRequest, uniform_requests
 from pagedkv.bench.results import WorkloadResult
 from pagedkv.bench.stats import median, ratio, rounded
+from pagedkv.bench.system import SystemUnderTest
+from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.runner_options import RunnerOptions
+from pagedkv.interfaces import Engine
 
 DTYPES = ("float32", "bfloat16")
 PROMPT_LEN = 16
@@ -75,10 +79,13 @@ def _measure_dtype(
     hf_model = load_hf_model(checkpoint, dtype, ctx.device)
     request = uniform_requests(1, PROMPT_LEN, NEW_TOKENS, runners["pagedkv"].vocab_size, ctx.seed)
     warm = [BenchRequest(request[0].prompt, 3)]
-    for name in runners:  # the compiled step compiles here
+    measured: dict[str, SystemUnderTest] = {
+        name: PagedkvSystem(name, _fresh_engine(runner)) for name, runner in runners.items()
+    }
+    measured["hf"] = HfGenerate(hf_model, batch_size=1)
+    for name, warming in measured.items():  # the compiled step compiles here
         ctx.log(f"decode: {dtype}: warming up {name}")
-        run_engine(make_engine(runners[name], "v1", NUM_PAGES), warm, "warm-up")
-    run_generate_static(hf_model, warm, batch_size=1)
+        warming.run(warm)
     systems = ("pagedkv", "compiled", "hf")
     rates: dict[str, list[float]] = {system: [] for system in systems}
     bounds: list[float] = []
@@ -90,12 +97,8 @@ def _measure_dtype(
         bounds.append(bandwidth.best / weight_bytes)
         turn = repetition % len(systems)
         for system in systems[turn:] + systems[:turn]:
-            if system == "hf":
-                run = run_generate_static(hf_model, request, 1)
-            else:
-                run = run_engine(make_engine(runners[system], "v1", NUM_PAGES), request, system)
-            rates[system].append(run.decode_tokens_per_s)
-    del runners, hf_model
+            rates[system].append(measured[system].run(request).decode_tokens_per_s)
+    del runners, hf_model, measured
     pagedkv, compiled, hf = (rates[system] for system in systems)
 
     def per_repetition(numerators: list[float], denominators: list[float]) -> float:
@@ -160,3 +163,8 @@ def _measure_dtype(
         per_repetition(compiled, pagedkv),
         f"{dtype} batch-1 decode tokens/s of pagedkv with compile over pagedkv eager",
     )
+
+
+def _fresh_engine(runner: ModelRunner) -> Callable[[], Engine]:
+    """Builds a fresh v1 engine over ``runner`` for each run."""
+    return lambda: make_engine(runner, "v1", NUM_PAGES)

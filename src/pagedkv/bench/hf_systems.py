@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -193,3 +194,57 @@ def run_generate_batch(
         decode_s=tuple(r.timestamps[-1] - r.timestamps[0] for r in ordered),
         decode_tokens=tuple(len(r.generated_tokens) - 1 for r in ordered),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class HfGenerate:
+    """transformers ``generate`` on static batches as a
+    :class:`~pagedkv.bench.system.SystemUnderTest` (see :func:`run_generate_static`).
+
+    Attributes:
+        model: the loaded model (:func:`load_hf_model`).
+        batch_size: requests per batch; ``None``: every request of a run in one batch.
+        name: the system's name in the results.
+    """
+
+    model: Any
+    batch_size: int | None = None
+    name: str = HF_GENERATE
+
+    def run(self, requests: Sequence[BenchRequest]) -> RunResult:
+        """The requests in consecutive static batches, in arrival order."""
+        size = self.batch_size if self.batch_size is not None else len(requests)
+        return run_generate_static(self.model, requests, batch_size=size)
+
+
+@dataclass(frozen=True, slots=True)
+class HfGenerateBatch:
+    """transformers' continuous batching as a :class:`~pagedkv.bench.system.SystemUnderTest`
+    (see :func:`run_generate_batch`), its cache shaped like pagedkv's.
+
+    Attributes:
+        model: the loaded model (:func:`load_hf_model`).
+        page_size: tokens per cache page.
+        num_blocks: pages of the cache.
+        max_batch_tokens: token budget of one step.
+        max_requests_per_batch: sequences of one step.
+        name: the system's name in the results.
+    """
+
+    model: Any
+    page_size: int
+    num_blocks: int
+    max_batch_tokens: int
+    max_requests_per_batch: int
+    name: str = HF_GENERATE_BATCH
+
+    def run(self, requests: Sequence[BenchRequest]) -> RunResult:
+        """The requests through a manager started before the clock."""
+        return run_generate_batch(
+            self.model,
+            requests,
+            page_size=self.page_size,
+            num_blocks=self.num_blocks,
+            max_batch_tokens=self.max_batch_tokens,
+            max_requests_per_batch=self.max_requests_per_batch,
+        )

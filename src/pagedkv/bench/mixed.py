@@ -21,31 +21,31 @@ pagedkv's, and between two runs on one machine that ratio read 6.47 and 4.21 (ge
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from pagedkv.bench.checkpoints import Checkpoint
 from pagedkv.bench.context import BenchContext
 from pagedkv.bench.hf_systems import (
     HF_GENERATE,
     HF_GENERATE_BATCH,
+    HfGenerate,
+    HfGenerateBatch,
     has_generate_batch,
     load_hf_model,
-    run_generate_batch,
-    run_generate_static,
 )
 from pagedkv.bench.pagedkv_system import (
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     PAGE_SIZE,
+    PagedkvSystem,
     load_runner,
     make_engine,
-    run_engine,
     warm_up,
 )
 from pagedkv.bench.requests import BenchRequest, LengthDistribution, MixedSpec, mixed_requests
 from pagedkv.bench.results import WorkloadResult
 from pagedkv.bench.run import RunResult
 from pagedkv.bench.stats import median, ratio
+from pagedkv.bench.system import SystemUnderTest
 from pagedkv.engine.runner import ModelRunner
 
 QUICK = MixedSpec(
@@ -85,32 +85,29 @@ def run(ctx: BenchContext, checkpoint: Checkpoint, vocab: int) -> WorkloadResult
     runner = load_runner(checkpoint, num_pages)
     warm_up(make_engine(runner, "v1", num_pages), vocab)
     hf_model = load_hf_model(checkpoint)
-    run_generate_static(hf_model, requests[:2], batch_size=2)  # warm-up
+    HfGenerate(hf_model, batch_size=2).run(requests[:2])  # warm-up
 
-    systems: dict[str, Callable[[], RunResult]] = {
-        "pagedkv-v1": lambda: run_engine(
-            make_engine(runner, "v1", num_pages), requests, "pagedkv-v1"
-        ),
-        "pagedkv-v0": lambda: run_engine(
-            make_engine(ModelRunner.recompute(runner.model), "v0", num_pages),
-            requests,
+    systems: dict[str, SystemUnderTest] = {
+        "pagedkv-v1": PagedkvSystem("pagedkv-v1", lambda: make_engine(runner, "v1", num_pages)),
+        "pagedkv-v0": PagedkvSystem(
             "pagedkv-v0",
+            lambda: make_engine(ModelRunner.recompute(runner.model), "v0", num_pages),
         ),
     }
     for size in batch_sizes:
-        systems[f"{HF_GENERATE}-bs{size}"] = _static(hf_model, requests, size)
+        systems[f"{HF_GENERATE}-bs{size}"] = HfGenerate(hf_model, batch_size=size)
     if not ctx.quick:
         batch = _generate_batch(result, hf_model, requests, num_pages)
         if batch is not None:
             systems[HF_GENERATE_BATCH] = batch
     runs: dict[str, list[RunResult]] = {name: [] for name in systems}
     for repetition in range(repetitions):
-        for name, measure in list(systems.items()):
+        for name, system in list(systems.items()):
             if name == "pagedkv-v0" and repetition > 0 and not ctx.quick:
                 continue
             ctx.log(f"mixed: {name} (repetition {repetition + 1}/{repetitions})")
             try:
-                runs[name].append(measure())
+                runs[name].append(system.run(requests))
             except Exception as exc:  # recorded: the baseline may not run on every CPU
                 if name != HF_GENERATE_BATCH:
                     raise
@@ -177,27 +174,25 @@ def run(ctx: BenchContext, checkpoint: Checkpoint, vocab: int) -> WorkloadResult
     return result
 
 
-def _static(model: object, requests: list[BenchRequest], size: int) -> Callable[[], RunResult]:
-    return lambda: run_generate_static(model, requests, batch_size=size)
-
-
 def _generate_batch(
     result: WorkloadResult, model: object, requests: list[BenchRequest], num_pages: int
-) -> Callable[[], RunResult] | None:
-    """Transformers' continuous batching on ``requests``, warmed up; ``None`` (and a note of
-    why) where the installed transformers has none or its warm-up fails."""
+) -> HfGenerateBatch | None:
+    """Transformers' continuous batching, its cache shaped like pagedkv's, warmed up on two of
+    ``requests``; ``None`` (and a note of why) where the installed transformers has none or
+    its warm-up fails."""
     if not has_generate_batch(model):
         result.notes.append("the installed transformers has no generate_batch: not measured")
         return None
-    kwargs = {
-        "page_size": PAGE_SIZE,
-        "num_blocks": num_pages,
-        "max_batch_tokens": MAX_NUM_BATCHED_TOKENS,
-        "max_requests_per_batch": MAX_NUM_SEQS,
-    }
+    system = HfGenerateBatch(
+        model,
+        page_size=PAGE_SIZE,
+        num_blocks=num_pages,
+        max_batch_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_requests_per_batch=MAX_NUM_SEQS,
+    )
     started = time.perf_counter()
     try:
-        run_generate_batch(model, requests[:2], **kwargs)  # warm-up
+        system.run(requests[:2])  # warm-up
     except Exception as exc:  # recorded in the results: the baseline may not run on CPU
         result.errors[HF_GENERATE_BATCH] = f"{type(exc).__name__}: {exc}"
         result.notes.append(
@@ -205,7 +200,7 @@ def _generate_batch(
             " s; see errors"
         )
         return None
-    return lambda: run_generate_batch(model, requests, **kwargs)
+    return system
 
 
 def _paired(numerators: list[RunResult], denominators: list[RunResult]) -> float:

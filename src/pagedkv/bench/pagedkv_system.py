@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from pagedkv.backend import ReferenceBackend
 from pagedkv.bench.checkpoints import Checkpoint
@@ -135,3 +136,22 @@ def warm_up(engine: Engine, vocab: int) -> None:
     """Run two short requests so that one-time costs (kernel selection, allocator) are paid."""
     prompts = [BenchRequest(tuple(range(1, 1 + min(40, vocab - 1))), 4)] * 2
     run_engine(engine, prompts, "warm-up")
+
+
+@dataclass(frozen=True, slots=True)
+class PagedkvSystem:
+    """pagedkv's engine as a :class:`~pagedkv.bench.system.SystemUnderTest`: each run on a
+    fresh engine (empty queues, empty page pool) that ``make_engine`` builds over an already
+    loaded runner, before the clock starts.
+
+    Attributes:
+        name: the system's name in the results.
+        make_engine: builds the fresh engine of one run.
+    """
+
+    name: str
+    make_engine: Callable[[], Engine]
+
+    def run(self, requests: Sequence[BenchRequest]) -> RunResult:
+        """Every request at once on a fresh engine (see :func:`run_engine`)."""
+        return run_engine(self.make_engine(), requests, self.name)

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 
 from pagedkv.bench.checkpoints import QWEN3_0_6B, Checkpoint, qwen3_shaped_checkpoint
 from pagedkv.bench.context import BenchContext
-from pagedkv.bench.hf_systems import load_hf_model, run_generate_static
+from pagedkv.bench.hf_systems import HF_GENERATE, HfGenerate, load_hf_model
 from pagedkv.bench.limits import gemm_peak_flops
-from pagedkv.bench.pagedkv_system import PAGE_SIZE, load_runner, make_engine, run_engine, warm_up
+from pagedkv.bench.pagedkv_system import PAGE_SIZE, PagedkvSystem, load_runner, make_engine, warm_up
 from pagedkv.bench.requests import BenchRequest, uniform_requests
 from pagedkv.bench.results import WorkloadResult
-from pagedkv.bench.run import RunResult
 from pagedkv.bench.stats import median, ratio, rounded
-from pagedkv.bench.vllm_peer import PeerUnavailable, VllmPeer, VllmRow
+from pagedkv.bench.system import SystemUnderTest
+from pagedkv.bench.vllm_peer import VLLM_CPU, PeerUnavailable, VllmPeer
 from pagedkv.engine.runner import ModelRunner
 
 PROMPT_LEN = 128
@@ -51,7 +51,7 @@ STEP_TOKENS = 4096
 REPEATS = 3
 #: pagedkv over vLLM's CPU backend, every row.
 VLLM_TARGET = 1.0
-PAGEDKV, HF, VLLM = "pagedkv", "hf-generate", "vllm-cpu"
+PAGEDKV, HF, VLLM = "pagedkv", HF_GENERATE, VLLM_CPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,67 +186,45 @@ def _measure_rows(
     peer: VllmPeer | None,
 ) -> None:
     """Every row of one dtype, :data:`REPEATS` times on each system, the systems taking turns
-    in an order that rotates run by run."""
+    in an order that rotates run by run. vLLM leaves the rotation (a note says why) if its
+    worker fails."""
     dtype = dtype_rows[0].dtype
     ctx.log(f"peers: {dtype}: loading pagedkv and transformers")
     per_seq = -(-(PROMPT_LEN + NEW_TOKENS) // PAGE_SIZE)
     num_pages = max(BATCH_SIZES) * per_seq + 16
     runner = load_runner(checkpoint, num_pages, dtype=dtype, device=ctx.device)
-    hf_model = load_hf_model(checkpoint, dtype, ctx.device)
+    hf = HfGenerate(load_hf_model(checkpoint, dtype, ctx.device))
     # Two requests decoding together: a 16-bit pool compiles its fused decode attention
     # (PST-008) here, not inside the first batched row.
     warm_up(make_engine(runner, "v1", num_pages), vocab)
-    run_generate_static(hf_model, [BenchRequest(tuple(range(1, 9)), 3)], batch_size=1)
-    systems = [PAGEDKV, HF] + ([VLLM] if peer is not None else [])
+    hf.run([BenchRequest(tuple(range(1, 9)), 3)])
+    systems: list[SystemUnderTest] = [pagedkv_system(runner, num_pages), hf]
+    if peer is not None:
+        systems.append(peer)
     turn = 0
     for row in dtype_rows:
         requests = row.requests(vocab, ctx.seed)
         for repeat in range(REPEATS):
             for system in systems[turn:] + systems[:turn]:
-                ctx.log(f"peers: {row.name}: {system} ({repeat + 1}/{REPEATS})")
-                if system == VLLM:
-                    value = _run_vllm(result, peer, row, requests)
-                    if value is None:  # the worker failed: vLLM leaves the rotation
-                        systems.remove(VLLM)
-                        peer = None
-                        continue
-                else:
-                    run = _measure(system, runner, hf_model, num_pages, requests)
-                    value = run.decode_tokens_per_s if row.batch == 1 else run.tokens_per_s
-                samples[row.name].setdefault(system, []).append(value)
+                ctx.log(f"peers: {row.name}: {system.name} ({repeat + 1}/{REPEATS})")
+                try:
+                    run = system.run(requests)
+                except PeerUnavailable as exc:  # the worker failed: vLLM leaves the rotation
+                    result.notes.append(f"vLLM CPU ({row.dtype}) stopped at {row.name}: {exc}")
+                    systems.remove(system)
+                    continue
+                value = run.decode_tokens_per_s if row.batch == 1 else run.tokens_per_s
+                samples[row.name].setdefault(system.name, []).append(value)
             turn = (turn + 1) % len(systems)
-    del runner, hf_model
+    del runner, hf, systems
 
 
-def _run_vllm(
-    result: WorkloadResult, peer: VllmPeer | None, row: Row, requests: list[BenchRequest]
-) -> float | None:
-    """One timed run of ``row`` on vLLM; ``None`` (and a note of why) where it failed."""
-    if peer is None:
-        return None
-    job = VllmRow(
-        row.name,
-        "decode" if row.batch == 1 else "batch",
-        tuple((q.prompt, q.max_tokens) for q in requests),
+def pagedkv_system(runner: ModelRunner, num_pages: int) -> PagedkvSystem:
+    """pagedkv v1 on ``runner``, with the step budget of every engine here (SRV-048)."""
+    return PagedkvSystem(
+        PAGEDKV,
+        lambda: make_engine(runner, "v1", num_pages, max_num_batched_tokens=STEP_TOKENS),
     )
-    try:
-        return peer.run(job)[row.metric]
-    except PeerUnavailable as exc:
-        result.notes.append(f"vLLM CPU ({row.dtype}) stopped at {row.name}: {exc}")
-        return None
-
-
-def _measure(
-    system: str,
-    runner: ModelRunner,
-    hf_model: object,
-    num_pages: int,
-    requests: list[BenchRequest],
-) -> RunResult:
-    if system == PAGEDKV:
-        engine = make_engine(runner, "v1", num_pages, max_num_batched_tokens=STEP_TOKENS)
-        return run_engine(engine, requests, system)
-    return run_generate_static(hf_model, requests, batch_size=len(requests))
 
 
 def _achieved_flops(row: Row, tokens_per_s: float | None) -> float:

@@ -8,32 +8,30 @@ the engine's share is the time of its decode steps not spent in the runner's ``e
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from pagedkv.bench.checkpoints import Checkpoint
 from pagedkv.bench.context import BenchContext
 from pagedkv.bench.hf_systems import (
     HF_GENERATE,
     HF_GENERATE_BATCH,
+    HfGenerate,
+    HfGenerateBatch,
     has_generate_batch,
     load_hf_model,
-    run_generate_batch,
-    run_generate_static,
 )
 from pagedkv.bench.overhead import decode_step_breakdown
 from pagedkv.bench.pagedkv_system import (
     MAX_NUM_BATCHED_TOKENS,
     PAGE_SIZE,
+    PagedkvSystem,
     greedy_params,
     load_runner,
     make_engine,
-    run_engine,
     warm_up,
 )
-from pagedkv.bench.requests import BenchRequest, uniform_requests
+from pagedkv.bench.requests import uniform_requests
 from pagedkv.bench.results import WorkloadResult
-from pagedkv.bench.run import RunResult
 from pagedkv.bench.stats import rounded
+from pagedkv.bench.system import SystemUnderTest
 from pagedkv.engine.runner import ModelRunner
 
 QUICK_LEVELS = (1, 4, 16)
@@ -47,8 +45,6 @@ OVERHEAD_PROMPT_LEN = 32
 QUICK_OVERHEAD_OUTPUT_LEN = 32
 FULL_OVERHEAD_OUTPUT_LEN = 128
 
-Measure = Callable[[list[BenchRequest]], RunResult]
-
 
 def run(ctx: BenchContext, checkpoint: Checkpoint, vocab: int) -> WorkloadResult:
     """Throughput per system and concurrency level, then the engine overhead at 32."""
@@ -61,15 +57,14 @@ def run(ctx: BenchContext, checkpoint: Checkpoint, vocab: int) -> WorkloadResult
     recompute = ModelRunner.recompute(runner.model)  # the same model, no K/V pool
     warm_up(make_engine(runner, "v1", num_pages), vocab)
     hf_model = load_hf_model(checkpoint)
-    systems: dict[str, Measure] = {
-        "pagedkv-v1": lambda rs: run_engine(make_engine(runner, "v1", num_pages), rs, "v1"),
-        "pagedkv-v0": lambda rs: run_engine(make_engine(recompute, "v0", num_pages), rs, "v0"),
-        HF_GENERATE: lambda rs: run_generate_static(hf_model, rs, batch_size=len(rs)),
+    systems: dict[str, SystemUnderTest] = {
+        "pagedkv-v1": PagedkvSystem("v1", lambda: make_engine(runner, "v1", num_pages)),
+        "pagedkv-v0": PagedkvSystem("v0", lambda: make_engine(recompute, "v0", num_pages)),
+        HF_GENERATE: HfGenerate(hf_model),
     }
     if not ctx.quick and has_generate_batch(hf_model):
-        systems[HF_GENERATE_BATCH] = lambda rs: run_generate_batch(
+        systems[HF_GENERATE_BATCH] = HfGenerateBatch(
             hf_model,
-            rs,
             page_size=PAGE_SIZE,
             num_blocks=num_pages,
             max_batch_tokens=MAX_NUM_BATCHED_TOKENS,
@@ -78,12 +73,12 @@ def run(ctx: BenchContext, checkpoint: Checkpoint, vocab: int) -> WorkloadResult
     throughput: dict[str, dict[str, float | None]] = {name: {} for name in systems}
     for level in levels:
         requests = uniform_requests(level, PROMPT_LEN, output_len, vocab, ctx.seed + level)
-        for name, measure in systems.items():
+        for name, system in systems.items():
             ctx.log(f"scaling: {name} at concurrency {level}")
             try:
                 if level == levels[0]:
-                    measure(requests[:1])  # warm-up
-                tokens_per_s = measure(requests).tokens_per_s
+                    system.run(requests[:1])  # warm-up
+                tokens_per_s = system.run(requests).tokens_per_s
             except Exception as exc:  # a baseline failing on CPU is recorded, not fatal
                 result.errors[f"{name}@{level}"] = f"{type(exc).__name__}: {exc}"
                 tokens_per_s = float("nan")

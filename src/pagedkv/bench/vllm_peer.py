@@ -2,8 +2,9 @@
 
 vLLM pins its own dependencies, so it lives in ``.venv-vllm`` (``make vllm-install``), never in
 pagedkv's environment. :class:`VllmPeer` starts :mod:`pagedkv.bench.vllm_worker` with that
-interpreter, which loads the model once and then times one row per request, so the caller can
-interleave vLLM's runs with the other systems' (SRV-104). Where that interpreter does not
+interpreter, which loads the model once and then times one run per message, so the caller can
+interleave vLLM's runs with the other systems' (SRV-104): it is a
+:class:`~pagedkv.bench.system.SystemUnderTest` like them. Where that interpreter does not
 exist, or the worker fails, :class:`PeerUnavailable` says why and the caller records it.
 """
 
@@ -15,10 +16,13 @@ import os
 import select
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from pagedkv.bench.requests import BenchRequest
+from pagedkv.bench.run import RunResult
 
 #: Environment variable naming the Python interpreter that has vLLM installed.
 PYTHON_ENV = "PAGEDKV_VLLM_PYTHON"
@@ -26,6 +30,8 @@ PYTHON_ENV = "PAGEDKV_VLLM_PYTHON"
 DEFAULT_PYTHON = Path(".venv-vllm") / "bin" / "python"
 #: vLLM's CPU backend needs a block size that is a multiple of 32.
 BLOCK_SIZE = 32
+#: The peer's name in the results.
+VLLM_CPU = "vllm-cpu"
 #: Longest the worker may take to load the model, or to answer one row (warm-up included),
 #: seconds.
 TIMEOUT_S = 1800
@@ -33,15 +39,6 @@ TIMEOUT_S = 1800
 
 class PeerUnavailable(Exception):
     """vLLM could not be run; the message says why (shown in the results' notes)."""
-
-
-@dataclass(frozen=True, slots=True)
-class VllmRow:
-    """One row: its name, ``batch`` or ``decode``, and ``(prompt, max_tokens)``s."""
-
-    name: str
-    kind: str
-    requests: tuple[tuple[tuple[int, ...], int], ...]
 
 
 def vllm_python() -> Path:
@@ -61,6 +58,7 @@ class VllmPeer:
         max_num_seqs: most requests of one row.
         kv_cache_gib: vLLM's KV cache space, GiB.
         max_num_batched_tokens: the step budget, positions (SRV-048).
+        name: the system's name in the results.
 
     Raises:
         PeerUnavailable: no vLLM interpreter, or the worker failed to load the model.
@@ -76,7 +74,9 @@ class VllmPeer:
         max_num_seqs: int,
         kv_cache_gib: int,
         max_num_batched_tokens: int,
+        name: str = VLLM_CPU,
     ) -> None:
+        self.name = name
         python = vllm_python()
         if not python.is_file():
             raise PeerUnavailable(
@@ -113,19 +113,32 @@ class VllmPeer:
             self.close()
             raise
 
-    def run(self, row: VllmRow) -> dict[str, float]:
-        """One timed run of ``row`` (after its warm-up, the first time its name comes): its
-        figures, ``output_tokens_per_s`` or ``decode_tokens_per_s`` and ``wall_s``.
+    def run(self, requests: Sequence[BenchRequest]) -> RunResult:
+        """One timed run of ``requests``, after an untimed one the first time they come.
+
+        Several requests are a batch: all submitted at once, timed over the whole call
+        (prefill included); the result has no per-request times. One request is a batch-1
+        decode: vLLM's offline API reports no per-token times, so the request runs once for
+        its ``max_tokens`` and once for one token, and the difference of the two is its decode
+        time (prefill excluded); the result's wall time is the full run's.
 
         Raises:
             PeerUnavailable: the worker failed or ran past :data:`TIMEOUT_S`.
         """
         job = {
-            "name": row.name,
-            "kind": row.kind,
-            "requests": [[list(p), n] for p, n in row.requests],
+            "kind": "decode" if len(requests) == 1 else "batch",
+            "requests": [[list(r.prompt), r.max_tokens] for r in requests],
         }
-        return {k: float(v) for k, v in self._ask(job).items()}
+        answer = self._ask(job)
+        decoded = "decode_s" in answer
+        return RunResult(
+            system=self.name,
+            output_tokens=int(answer["output_tokens"]),
+            wall_s=float(answer["wall_s"]),
+            ttft_s=(),
+            decode_s=(float(answer["decode_s"]),) if decoded else (),
+            decode_tokens=(int(answer["decode_tokens"]),) if decoded else (),
+        )
 
     def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
         """Send one line, read the worker's one-line answer."""

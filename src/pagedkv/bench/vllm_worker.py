@@ -9,17 +9,18 @@ input and output. The first line sets the engine up::
      "max_num_seqs": 32, "max_num_batched_tokens": 4096}
 
 and is answered ``{"vllm": version}`` once the model is loaded. Every later line is one timed
-run of a row, answered with its figures, until standard input ends::
+run, answered with its counts and seconds, until standard input ends::
 
-    {"name": "fp32_bs8", "kind": "batch", "requests": [[[ids...], max_tokens], ...]}
+    {"kind": "batch", "requests": [[[ids...], max_tokens], ...]}
 
-* ``batch``: every request submitted at once, greedy, exactly ``max_tokens`` each (EOS ignored);
-  ``output_tokens_per_s`` over the wall time of the whole ``generate`` call (prefill included),
-  as the other systems' batch rows are timed;
-* ``decode``: batch-1 decode: the same request run for ``max_tokens`` and for one token;
-  ``decode_tokens_per_s = (max_tokens - 1) / (t_full - t_one)`` (prefill excluded).
+* ``batch``: every request submitted at once, greedy, exactly ``max_tokens`` each (EOS ignored),
+  answered ``{"output_tokens": n, "wall_s": s}``, ``s`` the wall time of the whole ``generate``
+  call (prefill included), as the other systems' batch runs are timed;
+* ``decode``: batch-1 decode: the same request run for ``max_tokens`` and for one token,
+  answered with ``output_tokens`` and ``wall_s`` of the full run, ``decode_tokens =
+  max_tokens - 1`` and ``decode_s = t_full - t_one`` (prefill excluded).
 
-The first run of a row name is preceded by an untimed one (its warm-up); every timed call
+The first run of a kind and requests is preceded by an untimed one (its warm-up); every timed call
 starts from an empty prefix cache (SRV-047), as pagedkv's fresh engine does. The process stays
 up between rows so that the caller can interleave them with the other systems' (SRV-104). The
 engine runs in this process (no engine-core process): on a machine of a few cores a second busy
@@ -63,32 +64,34 @@ def _timed(llm: Any, sampling: Any, requests: list[list[Any]]) -> float:
 
 
 def _row(llm: Any, sampling: Any, row: dict[str, Any], warm_up: bool = True) -> dict[str, float]:
-    """One timed run of ``row``, after an untimed one where ``warm_up``."""
+    """One timed run of ``row``, after an untimed one where ``warm_up``: its counts and
+    seconds."""
     requests: list[list[Any]] = row["requests"]
     if row["kind"] == "batch":
         if warm_up:
             _generate(llm, sampling, requests)
         seconds = _timed(llm, sampling, requests)
         tokens = sum(n for _, n in requests)
-        return {"output_tokens_per_s": tokens / seconds, "wall_s": seconds}
+        return {"output_tokens": tokens, "wall_s": seconds}
     (prompt, n) = requests[0]
     if warm_up:
         _generate(llm, sampling, [[prompt, n]])
     one = _timed(llm, sampling, [[prompt, 1]])
     full = _timed(llm, sampling, [[prompt, n]])
-    return {"decode_tokens_per_s": (n - 1) / (full - one), "wall_s": full}
+    return {"output_tokens": n, "wall_s": full, "decode_tokens": n - 1, "decode_s": full - one}
 
 
 def serve(llm: Any, sampling: Any, lines: TextIO, out: TextIO) -> None:
-    """Answer each row on ``lines`` with one line of its figures, warming a row name up the
-    first time it comes."""
+    """Answer each run on ``lines`` with one line of its counts and seconds, warming a kind
+    and its requests up the first time they come."""
     warmed: set[str] = set()
     for line in lines:
         if not line.strip():
             continue
         row = json.loads(line)
-        figures = _row(llm, sampling, row, warm_up=row["name"] not in warmed)
-        warmed.add(row["name"])
+        key = json.dumps([row["kind"], row["requests"]])
+        figures = _row(llm, sampling, row, warm_up=key not in warmed)
+        warmed.add(key)
         print(json.dumps(figures), file=out, flush=True)
 
 
