@@ -91,24 +91,30 @@ $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_EXAMPLE)/pyproject.toml
 # The example imports pagedkv_conformance, which is the folder conformance/ once installed: a
 # link under build/typecheck gives mypy the package by its installed name.
 typecheck: install
-	$(BIN)/mypy --strict src conformance
+	$(BIN)/mypy --strict src conformance bench/pagedkv_bench
 	mkdir -p build/typecheck && ln -sfn ../../conformance build/typecheck/pagedkv_conformance
 	MYPYPATH=src:build/typecheck:$(VLLM_EXAMPLE) $(BIN)/mypy --strict \
 		--config-file $(VLLM_EXAMPLE)/pyproject.toml $(VLLM_EXAMPLE)/pagedkv_vllm $(VLLM_EXAMPLE)/tests
 
 lint: install
-	$(BIN)/ruff check src conformance tests examples
-	$(BIN)/ruff format --check src conformance tests examples
+	$(BIN)/ruff check src conformance tests examples bench
+	$(BIN)/ruff format --check src conformance tests examples bench
+
+# The project's benchmarks are `pagedkv bench` plus what only its own measurements need (the
+# peers workload with vLLM as a subprocess, the CI gate): bench/pagedkv_bench, not installed,
+# imported from bench/ (bench/README.md says why the split).
+HARNESS_PACKAGE := pagedkv_bench
+HARNESS := PYTHONPATH=bench
 
 # Full benchmarks at all physical cores: bench/results.json, bench/results.md and PNG plots (tens
 # of minutes; the first run also generates a 2.4 GB Qwen3-0.6B-shaped checkpoint in
 # ~/.cache/pagedkv/bench). vLLM's CPU backend is a peer when .venv-vllm exists (make vllm-install).
 # OpenMP waits as the environment says (unset: the runtime's default, which spins a while before
 # sleeping), as a user's process does: forcing passive waits wakes the other thread by a system
-# call before each of a decode step's ~110 small products (bfloat16 batch-1 decode: 12.1 tok/s
-# passive, 19.2 by default on a quiet 2-core machine). Run it on a quiet machine.
+# call before each of a decode step's ~110 small products (bench/README.md has what that cost).
+# Run it on a quiet machine.
 bench: install $(VENV)/.bench-installed
-	$(BIN)/python -m pagedkv.bench --out bench $(BENCH_ARGS)
+	$(HARNESS) $(BIN)/python -m $(HARNESS_PACKAGE) --out bench $(BENCH_ARGS)
 
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
@@ -120,8 +126,8 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 # which made the gated ratios swing several-fold; the floors are set this way.
 GATE_ENV := OMP_WAIT_POLICY=PASSIVE
 bench-gate: install
-	$(GATE_ENV) $(BIN)/python -m pagedkv.bench --quick --threads 1 --out build/bench-quick \
-		--gate bench/floors.json
+	$(GATE_ENV) $(HARNESS) $(BIN)/python -m $(HARNESS_PACKAGE) --quick --threads 1 \
+		--out build/bench-quick --gate bench/floors.json
 
 # Mutation testing of the reference (mutmut, installed here): kv/, the PagedStore and engine/,
 # one package at a time with targeted tests (scripts/mutation.py); prints the score per

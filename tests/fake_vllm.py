@@ -1,5 +1,5 @@
 """A stand-in for vLLM's virtualenv: an interpreter whose ``vllm`` is a small fake module, so
-the real worker (:mod:`pagedkv.bench.vllm_worker`) runs in a real subprocess over its real pipe
+the real worker (:mod:`pagedkv_bench.vllm_worker`) runs in a real subprocess over its real pipe
 protocol without vLLM.
 
 The fake ``LLM`` prints a log line to standard output while loading (as vLLM does), writes the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv.bench import peers, vllm_peer
+from pagedkv_bench import peers, vllm_peer
 
 FAKE_MODULE = """
 import json, os, time

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from pagedkv.bench import gate
 from pagedkv.bench.report import results_markdown, results_table
 from pagedkv.bench.results import WorkloadResult, build_document, read_json
+from pagedkv_bench import gate
 
 FLOORS_FILE = Path(__file__).resolve().parents[1] / "bench" / "floors.json"
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 from fake_vllm import fake_vllm_interpreter, small_peer
 
-from pagedkv.bench import cli, limits, peers, vllm_peer, vllm_worker
+from pagedkv.bench import cli, limits
 from pagedkv.bench.machine import physical_cores, usable_cores
-from pagedkv.bench.peers import Row, rows
 from pagedkv.bench.requests import BenchRequest
 from pagedkv.bench.run import RunResult
+from pagedkv_bench import peers, vllm_peer, vllm_worker
+from pagedkv_bench.peers import Row, rows
 
 
 def test_the_read_bound_is_the_best_of_the_float32_kernels() -> None:

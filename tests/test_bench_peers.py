@@ -12,11 +12,12 @@ from types import SimpleNamespace
 import pytest
 from fake_vllm import fake_vllm_interpreter, small_peer
 
-from pagedkv.bench import hf_systems, mixed, pagedkv_system, peers, vllm_peer
+from pagedkv.bench import hf_systems, mixed, pagedkv_system
 from pagedkv.bench.context import BenchContext
 from pagedkv.bench.hf_systems import HF_GENERATE_BATCH
 from pagedkv.bench.requests import BenchRequest
 from pagedkv.bench.results import WorkloadResult
+from pagedkv_bench import peers, vllm_peer
 
 
 @pytest.mark.spec("SRV-104")

@@ -111,7 +111,7 @@ def json_lines(stdout: str) -> list[dict[str, Any]]:
             ),
         ),
         (("serve",), ("--model", "--host", "--port", "--max-body-bytes", "--served-model-name")),
-        (("bench",), ("--quick", "--gate", "results.json")),
+        (("bench",), ("--quick", "--only", "results.json")),
     ],
 )
 def test_help(command: tuple[str, ...], flags: tuple[str, ...]) -> None:
@@ -321,7 +321,7 @@ def test_demo() -> None:
 def test_bench_is_the_benchmark_command() -> None:
     result = cli("bench", "--help")
     assert result.returncode == 0
-    for option in ("--quick", "--out", "--gate"):
+    for option in ("--quick", "--out", "--only"):
         assert option in result.stdout
     bad = cli("bench", "--only", "no-such-workload")
     assert bad.returncode == 2

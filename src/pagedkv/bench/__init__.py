@@ -14,5 +14,8 @@ means something on any machine. One module per workload:
   a decode step;
 * :mod:`~pagedkv.bench.micro`: the KVManager's per-page cost against the pool size.
 
-Run ``python -m pagedkv.bench --help``.
+:mod:`~pagedkv.bench.workloads` is the table of them all; every system a workload measures
+offers :class:`~pagedkv.bench.system.SystemUnderTest`. Run ``pagedkv bench --help``. The
+project's own measurements (vLLM's CPU backend as a peer, the CI gate) extend this package from
+``bench/pagedkv_bench``, which is not installed (``bench/README.md`` says why).
 """

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from pagedkv.bench.workloads import PAGEDKV_WORKLOADS, WorkloadTable
 
@@ -63,13 +64,6 @@ def add_arguments(
         "~/.cache/pagedkv/bench)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every workload")
-    parser.add_argument(
-        "--gate",
-        type=Path,
-        default=None,
-        metavar="FLOORS",
-        help="after the run, exit 1 if a ratio is below its floor in FLOORS",
-    )
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument(
@@ -92,8 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace, table: WorkloadTable = PAGEDKV_WORKLOADS) -> int:
-    """Run the workloads of ``table`` that parsed ``args`` describe; the exit status.
+def run(
+    args: argparse.Namespace,
+    table: WorkloadTable = PAGEDKV_WORKLOADS,
+    check: Callable[[dict[str, Any]], int] | None = None,
+) -> int:
+    """Run the workloads of ``table`` that parsed ``args`` describe, then ``check`` (if given)
+    on the run's results document; the exit status, the worse of the run's and the check's.
 
     Torch, transformers and the workloads are imported only here, so building the parser is
     cheap.
@@ -117,12 +116,7 @@ def run(args: argparse.Namespace, table: WorkloadTable = PAGEDKV_WORKLOADS) -> i
 
     done = run_suite(args, table)
     status = 1 if done.failed else 0
-    if args.gate is not None:
-        from pagedkv.bench import gate
-        from pagedkv.bench.results import read_json
-
-        status = max(status, gate.report(done.document, read_json(args.gate)))
-    return status
+    return status if check is None else max(status, check(done.document))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

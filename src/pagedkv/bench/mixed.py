@@ -13,9 +13,8 @@ Repetitions are interleaved (v1, v0, hf, v1, v0, hf, ...) so slow drifts in the 
 hit every system alike; each system's figure is its median repetition, and each ratio the
 median of the ratios within a repetition. In full mode v0 (minutes per run) runs in the first
 repetition only; transformers' continuous batching (seconds) runs in every repetition, after a
-warm-up: measured once after the repetitions, its one run set the ratio against the median of
-pagedkv's, and between two runs on one machine that ratio read 6.47 and 4.21 (generate_batch
-247 then 298 tokens/s).
+warm-up, so that its ratio is paired like the others (measured once after the repetitions, its
+one run against the median of pagedkv's swung between full runs: bench/README.md).
 """
 
 from __future__ import annotations

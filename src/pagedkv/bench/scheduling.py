@@ -12,9 +12,8 @@ each admission costs, and the same manager's ``match_prefix`` of such a prompt, 
 the floor.
 
 Before the scheduler matched once, each admission also scanned every running request's tokens
-against the waiting prompt, so its cost grew with the running prompts: 1.61 ms of step CPU time
-per admission with up to 64 running 2,064-token prefills against 0.24 ms with 1, two lookups each
-(the same burst, measured on the code before the change).
+against the waiting prompt, so its cost grew with the running prompts (bench/README.md has what
+the same burst measured on the code before the change).
 """
 
 from __future__ import annotations

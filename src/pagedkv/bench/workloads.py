@@ -157,12 +157,6 @@ def _parallel() -> Runner:
     return lambda ctx, checkpoint, vocab: parallel.run(ctx, checkpoint)
 
 
-def _peers() -> Runner:
-    from pagedkv.bench import peers
-
-    return lambda ctx, checkpoint, vocab: peers.run(ctx)
-
-
 def _tensor_parallel() -> Runner:
     from pagedkv.bench import tensor_parallel
 
@@ -184,7 +178,6 @@ PAGEDKV_WORKLOADS = WorkloadTable(
         Workload("decode", _decode, cuda=True),
         Workload("detokenize", _detokenize),
         Workload("parallel", _parallel),
-        Workload("peers", _peers, cuda=True),
         Workload("tp", _tensor_parallel),
     ),
     child_module="pagedkv.bench.isolated",

@@ -39,12 +39,10 @@ def _add_bench(commands: argparse._SubParsersAction[OneLineParser]) -> None:
 
     parser = commands.add_parser(
         "bench",
-        help="benchmarks side by side with transformers and vLLM's CPU backend; ratios to "
-        "bench/results.json",
-        description="Run the benchmarks (mixed, shared-prefix, decode, peers, memory, scaling, "
+        help="benchmarks of pagedkv, side by side with transformers; ratios to bench/results.json",
+        description="Run the benchmarks (mixed, shared-prefix, decode, memory, scaling, "
         "micro, ...) at all physical cores and write bench/results.json, results.md and plots; "
-        "--quick is the CI mode, --device cuda the GPU run (skipped without a GPU), and "
-        "--gate FLOORS fails when a ratio is below its floor.",
+        "--quick is the short mode and --device cuda the GPU run (skipped without a GPU).",
     )
     add_arguments(parser)
     parser.set_defaults(handler=run)

@@ -1,8 +1,9 @@
 """Runs vLLM's CPU backend on the benchmark's rows, inside vLLM's own virtualenv.
 
-``python -m pagedkv.bench.vllm_worker`` is started by :mod:`pagedkv.bench.vllm_peer` with the
-interpreter of ``.venv-vllm`` (``make vllm-install``); it imports nothing of pagedkv but this
-file, so only vLLM and the standard library need to be there. It speaks JSON lines on standard
+``python -m pagedkv_bench.vllm_worker`` is started by :mod:`pagedkv_bench.vllm_peer` with the
+interpreter of ``.venv-vllm`` (``make vllm-install``); it imports nothing of pagedkv, and of
+its own package only this file (the package's ``__init__`` imports nothing), so only vLLM and
+the standard library need to be there. It speaks JSON lines on standard
 input and output. The first line sets the engine up::
 
     {"model": DIR, "dtype": "float32", "block_size": 32, "max_model_len": 512,

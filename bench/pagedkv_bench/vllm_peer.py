@@ -1,7 +1,7 @@
 """vLLM's CPU backend as a peer: its worker run in vLLM's own virtualenv, as a subprocess.
 
 vLLM pins its own dependencies, so it lives in ``.venv-vllm`` (``make vllm-install``), never in
-pagedkv's environment. :class:`VllmPeer` starts :mod:`pagedkv.bench.vllm_worker` with that
+pagedkv's environment. :class:`VllmPeer` starts :mod:`pagedkv_bench.vllm_worker` with that
 interpreter, which loads the model once and then times one run per message, so the caller can
 interleave vLLM's runs with the other systems' (SRV-104): it is a
 :class:`~pagedkv.bench.system.SystemUnderTest` like them. Where that interpreter does not
@@ -83,7 +83,11 @@ class VllmPeer:
                 f"no vLLM interpreter at {python} (run `make vllm-install`, or set {PYTHON_ENV})"
             )
         env = dict(os.environ)
+        # The worker's interpreter imports this package from the folder that holds it, as
+        # this process did (vLLM's virtualenv does not install it).
+        path = [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
         env.update(
+            PYTHONPATH=os.pathsep.join(p for p in path if p),
             OMP_NUM_THREADS=str(threads),
             VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
             TOKENIZERS_PARALLELISM="false",
@@ -92,7 +96,7 @@ class VllmPeer:
         # lives as long as the worker, closed by close().
         self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
         self._process = subprocess.Popen(
-            [str(python), "-m", "pagedkv.bench.vllm_worker"],
+            [str(python), "-m", "pagedkv_bench.vllm_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

