@@ -20,10 +20,10 @@ Module = TypeVar("Module", bound=nn.Module)
 Substitute = Callable[[nn.Module], nn.Module | None]
 
 
-def as_subclass(module: nn.Module, cls: type[Module]) -> Module:
+def as_subclass(module: nn.Module, cls: type[Module], **attributes: object) -> Module:
     """A new ``cls`` holding ``module``'s state: the same parameters, buffers and children, and
-    the same attributes (``cls`` a subclass of ``type(module)`` that adds attributes only after
-    this returns). ``module`` is left as it was.
+    the same attributes, plus ``attributes`` (``cls`` a subclass of ``type(module)`` whose own
+    attributes are those). ``module`` is left as it was.
 
     Raises:
         TypeError: ``cls`` is not a subclass of ``module``'s class.
@@ -35,6 +35,8 @@ def as_subclass(module: nn.Module, cls: type[Module]) -> Module:
     # so that changing the new module's never changes the reference's.
     for key, value in module.__dict__.items():
         new.__dict__[key] = value.copy() if isinstance(value, dict) else value
+    for name, value in attributes.items():
+        setattr(new, name, value)
     return new
 
 

@@ -342,9 +342,7 @@ class ProgramDecoderLayers(DecoderLayers):
     @classmethod
     def substitute(cls, layers: DecoderLayers, program: DecodeLayers) -> ProgramDecoderLayers:
         """``layers``' substitute (the same layer modules, which ``program`` reads)."""
-        new = as_subclass(layers, cls)
-        new.program = program
-        return new
+        return as_subclass(layers, cls, program=program)
 
     def stack(self) -> DecoderLayers:
         """The reference stack of the same layers, without the program (which is bound to one

@@ -180,9 +180,7 @@ class FusedRMSNorm(RMSNorm):
     @classmethod
     def substitute(cls, norm: RMSNorm, kernel: FusedNorms) -> FusedRMSNorm:
         """``norm``'s substitute (its weight shared), ``norm`` not changed."""
-        new = as_subclass(norm, cls)
-        new.kernel = kernel
-        return new
+        return as_subclass(norm, cls, kernel=kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[..., dim]``; returns the same shape and dtype."""

@@ -115,9 +115,7 @@ class FusedSwiGLUMLP(SwiGLUMLP):
     @classmethod
     def substitute(cls, mlp: SwiGLUMLP, kernel: FusedSwiGLU) -> FusedSwiGLUMLP:
         """``mlp``'s substitute (its projections shared), ``mlp`` not changed."""
-        new = as_subclass(mlp, cls)
-        new.kernel = kernel
-        return new
+        return as_subclass(mlp, cls, kernel=kernel)
 
     def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` of the merged product ``gate_up`` ``[T, 2 * intermediate]``."""
