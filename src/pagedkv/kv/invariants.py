@@ -1,4 +1,8 @@
-"""Full consistency check of a :class:`ReferenceKVManager`'s bookkeeping (KVM-031).
+"""Full consistency check of a KVManager's bookkeeping (KVM-031), given what it reads.
+
+The check reads the page pool, the prefix index, the in-flight tracker and the live sequences
+through :class:`KVBookkeeping`, a view of the parts the reference manager is built from, so it
+stands below the manager rather than beside it.
 
 O(pages + sequences): meant for tests and debugging, never for the per-step path.
 """
@@ -6,12 +10,66 @@ O(pages + sequences): meant for tests and debugging, never for the per-step path
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from pagedkv.errors import InvariantViolation
+from pagedkv.kv.in_flight import InFlightPages
+from pagedkv.kv.page_pool import PagePool
+from pagedkv.kv.prefix_index import PrefixLookup
 
-if TYPE_CHECKING:
-    from pagedkv.kv.manager import ReferenceKVManager
+
+class SequenceBookkeeping(Protocol):
+    """What the check reads of one live sequence."""
+
+    @property
+    def pages(self) -> Sequence[int]:
+        """Physical pages, by logical page."""
+        ...
+
+    @property
+    def num_tokens(self) -> int:
+        """Token positions reserved."""
+        ...
+
+    @property
+    def num_committed_pages(self) -> int:
+        """Leading pages already hit or published."""
+        ...
+
+
+class KVBookkeeping(Protocol):
+    """What the check reads of a manager: its parts and its live sequences."""
+
+    @property
+    def pool(self) -> PagePool:
+        """Reference counts, the free list and the LRU of cached pages."""
+        ...
+
+    @property
+    def index(self) -> PrefixLookup:
+        """The prefix entries of published full pages."""
+        ...
+
+    @property
+    def in_flight(self) -> InFlightPages:
+        """The live sequences' prompt pages not committed yet."""
+        ...
+
+    @property
+    def sequences(self) -> Mapping[int, SequenceBookkeeping]:
+        """Live sequences by id."""
+        ...
+
+    @property
+    def page_size(self) -> int:
+        """Token positions per page."""
+        ...
+
+    @property
+    def num_pages(self) -> int:
+        """Physical pages in the pool."""
+        ...
 
 
 def _require(condition: bool, message: str) -> None:
@@ -19,7 +77,7 @@ def _require(condition: bool, message: str) -> None:
         raise InvariantViolation(message)
 
 
-def check_manager_invariants(manager: ReferenceKVManager) -> None:
+def check_manager_invariants(manager: KVBookkeeping) -> None:
     """Raise :class:`InvariantViolation` naming the first broken invariant."""
     pool, index, size = manager.pool, manager.index, manager.page_size
     free, cached = pool.free_pages(), pool.cached_pages()
