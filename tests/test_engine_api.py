@@ -74,12 +74,11 @@ def test_chat_uses_the_template(llm: LLM) -> None:
 
 @pytest.mark.spec("ENG-034")
 def test_max_model_len_is_capped_by_the_model() -> None:
-    from pagedkv import EngineConfig, LLMEngine
+    from pagedkv import EngineConfig
+    from pagedkv.backend import load_engine
     from pagedkv.errors import RequestTooLong
 
-    engine = LLMEngine.from_model_dir(
-        default_model_dir(), EngineConfig(num_pages=128, max_model_len=4096)
-    )
+    engine = load_engine(default_model_dir(), EngineConfig(num_pages=128, max_model_len=4096))
     assert engine.max_model_len == 1024  # the default model's max_position_embeddings
     with pytest.raises(RequestTooLong):
         engine.add_request([5] * 1000, SamplingParams(max_tokens=25))

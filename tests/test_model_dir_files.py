@@ -71,12 +71,12 @@ def test_an_engine_from_a_model_directory_is_wired_to_it(mode: CacheMode) -> Non
     """The engine gets the directory's tokenizer, EOS ids and trained positions, and (v1) a
     pool shaped by its config."""
     from pagedkv.assets import default_model_dir
+    from pagedkv.backend import ReferenceBackend
     from pagedkv.engine.config import EngineConfig
-    from pagedkv.engine.engine import LLMEngine
 
     path = default_model_dir()
     config = EngineConfig(page_size=4, num_pages=16, mode=mode)
-    engine = LLMEngine.from_model_dir(path, config)
+    engine = ReferenceBackend().load_engine(path, config)
     assert engine.tokenizer is not None
     assert engine.scheduler.eos_ids == eos_token_ids(path)
     assert engine.scheduler.eos_ids
@@ -105,8 +105,8 @@ def test_an_engine_from_a_model_directory_takes_its_config_and_dtype(tmp_path: P
     import torch
 
     from pagedkv.assets import default_model_dir
+    from pagedkv.backend import ReferenceBackend
     from pagedkv.engine.config import EngineConfig
-    from pagedkv.engine.engine import LLMEngine
     from pagedkv.engine.runner import ModelRunner
 
     path = Path(shutil.copytree(default_model_dir(), tmp_path / "model"))
@@ -114,7 +114,7 @@ def test_an_engine_from_a_model_directory_takes_its_config_and_dtype(tmp_path: P
     hf_config["max_position_embeddings"] = 512
     (path / "config.json").write_text(json.dumps(hf_config), encoding="utf-8")
     config = EngineConfig(page_size=4, num_pages=8)
-    engine = LLMEngine.from_model_dir(path, config, dtype="bfloat16")
+    engine = ReferenceBackend().load_engine(path, config, dtype="bfloat16")
     assert engine.config == config
     assert engine.runner.max_positions == 512
     assert isinstance(engine.runner, ModelRunner)

@@ -24,7 +24,6 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Generator, Sequence
-from pathlib import Path
 
 import torch
 
@@ -97,21 +96,6 @@ class LLMEngine:
         # where the kernel cannot be built, the sampler's torch path does it all.
         summary = LogitSummary.build()
         self._logit_summary = summary if isinstance(summary, LogitSummary) else None
-
-    @classmethod
-    def from_model_dir(
-        cls,
-        model_dir: str | Path,
-        config: EngineConfig | None = None,
-        *,
-        dtype: str = "float32",
-        device: str = "cpu",
-    ) -> LLMEngine:
-        """Load a Hugging Face format Qwen3 directory, its tokenizer if it has one, and EOS,
-        with pagedkv's reference backend (which builds the page pool)."""
-        from pagedkv.backend import ReferenceBackend
-
-        return ReferenceBackend().load_engine(model_dir, config, dtype=dtype, device=device)
 
     # -- requests --------------------------------------------------------------------------
 
