@@ -127,9 +127,11 @@ PACKAGES: dict[str, Package] = {
             tuple(
                 f"src/pagedkv/engine/{name}.py"
                 for name in (
-                    "scheduler",
-                    "paged_scheduler",
-                    "recompute_scheduler",
+                    "sched/output",
+                    "sched/scheduler",
+                    "sched/paged",
+                    "sched/recompute",
+                    "sched/factory",
                     "request",
                     "group",
                 )

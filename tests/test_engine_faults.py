@@ -22,7 +22,7 @@ from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.outputs import FinishReason
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.request import Request
-from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput
+from pagedkv.engine.sched.output import SampledToken, SampleError, SchedulerOutput
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import StepRunner

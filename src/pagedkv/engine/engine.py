@@ -37,7 +37,8 @@ from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.engine.prompts import PromptType, parse_prompt
 from pagedkv.engine.request import Request, RequestStatus
 from pagedkv.engine.sampler import Sampled, SampleRow, sample_batch, summarise
-from pagedkv.engine.scheduler import SampledToken, SampleError, SchedulerOutput, make_scheduler
+from pagedkv.engine.sched.factory import make_scheduler
+from pagedkv.engine.sched.output import SampledToken, SampleError, SchedulerOutput
 from pagedkv.engine.tokenizer import Tokenizer
 from pagedkv.errors import InvalidRequest, RequestTooLong, RunnerFailed
 from pagedkv.interfaces import Closable, KVManager, StepRunner

@@ -18,13 +18,8 @@ import torch
 
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.request import Request, RequestStatus
-from pagedkv.engine.scheduler import (
-    SampledToken,
-    SampleError,
-    ScheduledChunk,
-    Scheduler,
-    SchedulerOutput,
-)
+from pagedkv.engine.sched.output import SampledToken, SampleError, ScheduledChunk, SchedulerOutput
+from pagedkv.engine.sched.scheduler import Scheduler
 from pagedkv.errors import InvariantViolation, OutOfPages
 from pagedkv.interfaces import ForkingKVManager, KVManager, KVStats, PageCopy, PageTable
 from pagedkv.plan import StepPlan, build_paged_plan

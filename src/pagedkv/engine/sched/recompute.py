@@ -9,10 +9,14 @@ from __future__ import annotations
 import torch
 
 from pagedkv.engine.request import Request
-from pagedkv.engine.scheduler import NO_KV_STATS, ScheduledChunk, Scheduler, SchedulerOutput
+from pagedkv.engine.sched.output import ScheduledChunk, SchedulerOutput
+from pagedkv.engine.sched.scheduler import Scheduler
 from pagedkv.errors import InvariantViolation
 from pagedkv.interfaces import KVStats
 from pagedkv.plan import StepPlan, build_recompute_plan
+
+#: No KV pool: the statistics of a scheduler that keeps no cache.
+NO_KV_STATS = KVStats(0, 0, 0, 0, 0, 0, 0, 0)
 
 
 class RecomputeScheduler(Scheduler):

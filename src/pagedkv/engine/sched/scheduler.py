@@ -12,9 +12,10 @@ text or stop handling raised is failed alone (:meth:`Scheduler.fail`, ENG-070); 
 model run raised is applied as nothing at all and its requests are tried again, the last time
 each alone, before a request is failed (:meth:`Scheduler.update_from_failure`, ENG-071, ENG-072).
 
-Two implementations, one per cache mode, chosen once by :func:`make_scheduler`:
-:class:`~pagedkv.engine.paged_scheduler.PagedScheduler` (v1, the only caller of the KVManager)
-and :class:`~pagedkv.engine.recompute_scheduler.RecomputeScheduler` (v0, no cache).
+Two implementations, one per cache mode, chosen once by
+:func:`~pagedkv.engine.sched.factory.make_scheduler`:
+:class:`~pagedkv.engine.sched.paged.PagedScheduler` (v1, the only caller of the KVManager) and
+:class:`~pagedkv.engine.sched.recompute.RecomputeScheduler` (v0, no cache).
 """
 
 from __future__ import annotations
@@ -23,107 +24,16 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.outputs import FinishReason, TokenLogprobs
+from pagedkv.engine.outputs import FinishReason
 from pagedkv.engine.request import Request, RequestStatus
+from pagedkv.engine.sched.output import SampledToken, SampleError, ScheduledChunk, SchedulerOutput
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import KVManager, KVStats
-from pagedkv.plan import SeqChunk, StepPlan
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledChunk:
-    """One request's share of a step.
-
-    Attributes:
-        request: the request.
-        start: position of the first token computed; positions before it have K/V cached (v1)
-            or are recomputed within this chunk (v0, where ``start`` is always 0).
-        num_tokens: positions computed this step.
-        pages: the request's page table (v1), empty in v0.
-    """
-
-    request: Request
-    start: int
-    num_tokens: int
-    pages: tuple[int, ...]
-
-    @property
-    def completes_sequence(self) -> bool:
-        """Whether the chunk reaches the sequence's last token, so its logits are sampled."""
-        return self.start + self.num_tokens == self.request.num_tokens
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        """Of the positions computed, those of the prompt (recomputation included)."""
-        end = min(self.start + self.num_tokens, len(self.request.prompt_token_ids))
-        return max(0, end - self.start)
-
-    @property
-    def wants_prompt_logits(self) -> bool:
-        """Whether the logits of every row are wanted, not only the last: the chunk computes
-        prompt positions of a request asking for prompt log-probabilities (ENG-049)."""
-        return (
-            self.request.params.prompt_logprobs is not None
-            and self.start < len(self.request.prompt_token_ids) - 1
-        )
-
-    @property
-    def num_logits(self) -> int:
-        """Rows of logits the step returns for the chunk (its last row is the sampled one)."""
-        return self.num_tokens if self.wants_prompt_logits else 1
-
-    def seq_chunk(self) -> SeqChunk:
-        """The chunk as the plan builders take it."""
-        tokens = self.request.token_ids[self.start : self.start + self.num_tokens]
-        return SeqChunk(tuple(tokens), self.start, self.pages, self.wants_prompt_logits)
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerOutput:
-    """A step's work: the chunks to run, and the requests preempted to make room."""
-
-    chunks: tuple[ScheduledChunk, ...]
-    preempted: tuple[Request, ...]
-
-    @property
-    def num_tokens(self) -> int:
-        """Positions computed by the step."""
-        return sum(c.num_tokens for c in self.chunks)
-
-
-@dataclass(frozen=True, slots=True)
-class SampledToken:
-    """The token sampled for one completed chunk, and its log-probabilities if asked for.
-
-    Attributes:
-        token_id: the token.
-        logprobs: its entry for the request's ``logprobs``, when asked for.
-        logprob: its log-probability, added to the sequence's cumulative log-probability.
-        forks: the first tokens of the sequences to fork from this one (its ``forks``, in
-            order), sampled from the same logits; empty unless it has any.
-    """
-
-    token_id: int
-    logprobs: TokenLogprobs | None
-    logprob: float = 0.0
-    forks: tuple[SampledToken | SampleError, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class SampleError:
-    """A completed chunk whose sampling (or log-probabilities) raised: its request fails alone
-    with this message (ENG-070)."""
-
-    message: str
-
-
-#: No KV pool: the statistics of a scheduler that keeps no cache.
-NO_KV_STATS = KVStats(0, 0, 0, 0, 0, 0, 0, 0)
+from pagedkv.interfaces import KVStats
+from pagedkv.plan import StepPlan
 
 
 class Scheduler(ABC):
@@ -366,28 +276,3 @@ class Scheduler(ABC):
         if request.first_scheduled_time is None:
             request.first_scheduled_time = time.perf_counter()
         self.running.append(request)
-
-
-def make_scheduler(
-    config: EngineConfig,
-    kv_manager: KVManager | None,
-    *,
-    eos_ids: frozenset[int],
-    max_model_len: int,
-) -> Scheduler:
-    """The scheduler of ``config.mode``: paged over ``kv_manager`` (v1, which needs one) or
-    recomputing (v0, which must not be given one).
-
-    Raises:
-        InvalidRequest: a v1 config without a KVManager, or a v0 config with one.
-    """
-    from pagedkv.engine.paged_scheduler import PagedScheduler
-    from pagedkv.engine.recompute_scheduler import RecomputeScheduler
-
-    if config.mode == "v0":
-        if kv_manager is not None:
-            raise InvalidRequest("a v0 engine keeps no KV cache: it takes no kv_manager")
-        return RecomputeScheduler(config, eos_ids, max_model_len)
-    if kv_manager is None:
-        raise InvalidRequest("a v1 engine needs a kv_manager; a backend's create_engine builds one")
-    return PagedScheduler(config, kv_manager, eos_ids, max_model_len)
