@@ -13,7 +13,8 @@ from test_paged_store import ATOL, batch_for, dense_reference
 
 from pagedkv.interfaces import AttentionBatch, StoreConfig
 from pagedkv.model.step_attention import RecomputeStepAttention
-from pagedkv.plan import SeqChunk, build_recompute_plan
+from pagedkv.plan import SeqChunk
+from pagedkv.plan_builders import build_recompute_plan
 from pagedkv.store.paged_store import PagedAttentionMetadata, TorchPagedStore
 from pagedkv.store.ragged_attention import DECODE_FILL, GROUP_ROWS, plan_attention
 from pagedkv.testing.tiny_qwen3 import one_torch_thread

@@ -22,7 +22,8 @@ from pagedkv.interfaces import KVManagerConfig, StoreConfig
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.model.loader import load_model
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
-from pagedkv.plan import SeqChunk, StepPlan, build_paged_plan, build_recompute_plan
+from pagedkv.plan import SeqChunk, StepPlan
+from pagedkv.plan_builders import build_paged_plan, build_recompute_plan
 from pagedkv.store.paged_store import TorchPagedStore
 from pagedkv.testing.tiny_qwen3 import (
     PRESETS,

@@ -15,7 +15,8 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.engine import LLMEngine
 from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import SamplingParams
-from pagedkv.plan import SeqChunk, build_recompute_plan
+from pagedkv.plan import SeqChunk
+from pagedkv.plan_builders import build_recompute_plan
 from pagedkv.testing.hash_runner import HashRunner
 
 VOCAB = 29

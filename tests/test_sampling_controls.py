@@ -117,7 +117,8 @@ def replay(prompt: Sequence[int], params: SamplingParams, tokens: Sequence[int])
 
 
 def _recompute_plan(context: Sequence[int]) -> StepPlan:
-    from pagedkv.plan import SeqChunk, build_recompute_plan
+    from pagedkv.plan import SeqChunk
+    from pagedkv.plan_builders import build_recompute_plan
 
     return build_recompute_plan([SeqChunk(tuple(context), 0)])
 

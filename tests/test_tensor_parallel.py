@@ -25,7 +25,8 @@ from pagedkv.engine.runner import ModelRunner
 from pagedkv.interfaces import StepRunner
 from pagedkv.parallel.group import WorkerGroup
 from pagedkv.parallel.runner import TensorParallelRunner
-from pagedkv.plan import SeqChunk, build_paged_plan
+from pagedkv.plan import SeqChunk
+from pagedkv.plan_builders import build_paged_plan
 from pagedkv.testing.tiny_qwen3 import PRESETS, preset_spec
 from pagedkv_conformance.golden_harness import (
     GoldenCheckpoints,

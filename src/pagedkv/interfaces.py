@@ -10,7 +10,12 @@ Three separations carry the design (see ``specs/``):
 * orchestration vs computation: an :class:`Engine` decides what runs each step and hands the
   model an explicit plan.
 
-This module must stay importable without torch, so a KVManager backend never pulls it in.
+This module must stay importable without torch, so a KVManager backend never pulls it in. It
+imports nothing that stands above it: the step's data (:class:`~pagedkv.plan.StepPlan` and its
+:class:`~pagedkv.plan.AttentionBatch`) comes from the torch-free :mod:`pagedkv.plan`, and the
+engine's value types it names (configuration, sampling parameters, outputs, prompts, the
+tokenizer) from leaf modules of :mod:`pagedkv.engine` that import none of the Protocols back
+(``tests/test_layout.py`` checks both).
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pagedkv.errors import InvalidRequest
 
+# The step's data is the PagedStore's and the StepRunner's contract: its name stays importable
+# from here, beside the Protocols that take it.
+from pagedkv.plan import AttentionBatch as AttentionBatch
+from pagedkv.plan import StepPlan
+
 if TYPE_CHECKING:
     import torch
 
@@ -30,7 +40,6 @@ if TYPE_CHECKING:
     from pagedkv.engine.params import SamplingParams
     from pagedkv.engine.prompts import PromptType
     from pagedkv.engine.tokenizer import Tokenizer
-    from pagedkv.plan import StepPlan
 
 #: Capability names a :class:`Backend` may declare. Conformance tests that need one are skipped,
 #: with the reason, for a backend that does not declare it.
@@ -431,27 +440,6 @@ class PagedStore(Protocol):
         Returns ``[T, num_heads, head_dim]``.
         """
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class AttentionBatch:
-    """The part of a step plan attention needs: who owns which query rows and which pages.
-
-    Attributes:
-        query_start: ``[B+1]`` int64 offsets of each sequence's rows in the step's tokens.
-        context_lens: ``[B]`` int64 positions each sequence attends to, this step's included.
-        page_tables: ``[B, max_pages]`` int64 physical pages, padded past each sequence's
-            ``ceil(context_len / page_size)`` pages; ``None`` when the step uses no cache (v0).
-        slot_mapping: ``[T]`` int64 flat slots the step's K/V are written to (``T`` the
-            rows); ``None`` when the step uses no cache, or when the batch is only read.
-            :meth:`PagedStore.prepare` checks them against the pool once, so that
-            :meth:`PagedStore.write` need not.
-    """
-
-    query_start: torch.Tensor
-    context_lens: torch.Tensor
-    page_tables: torch.Tensor | None
-    slot_mapping: torch.Tensor | None = None
 
 
 @runtime_checkable

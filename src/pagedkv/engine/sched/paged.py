@@ -22,7 +22,8 @@ from pagedkv.engine.sched.output import SampledToken, SampleError, ScheduledChun
 from pagedkv.engine.sched.scheduler import Scheduler
 from pagedkv.errors import InvariantViolation, OutOfPages
 from pagedkv.interfaces import ForkingKVManager, KVManager, KVStats, PageCopy, PageTable
-from pagedkv.plan import StepPlan, build_paged_plan
+from pagedkv.plan import StepPlan
+from pagedkv.plan_builders import build_paged_plan
 
 
 class PagedScheduler(Scheduler):

@@ -13,7 +13,8 @@ from pagedkv.engine.sched.output import ScheduledChunk, SchedulerOutput
 from pagedkv.engine.sched.scheduler import Scheduler
 from pagedkv.errors import InvariantViolation
 from pagedkv.interfaces import KVStats
-from pagedkv.plan import StepPlan, build_recompute_plan
+from pagedkv.plan import StepPlan
+from pagedkv.plan_builders import build_recompute_plan
 
 #: No KV pool: the statistics of a scheduler that keeps no cache.
 NO_KV_STATS = KVStats(0, 0, 0, 0, 0, 0, 0, 0)
