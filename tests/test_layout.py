@@ -114,26 +114,6 @@ def import_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
-#: Import cycles still in src/ while the work that removes them is under way; each is allowed
-#: only as it stands (or smaller). Delete an entry once its cycle is gone: the test below fails
-#: on any entry that no longer names a cycle, and on any cycle not listed here.
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        # the CPU accelerations and the layers that call them, leaving pagedkv.model
-        frozenset(
-            {
-                "pagedkv.model.fused_norms",
-                "pagedkv.model.fused_swiglu",
-                "pagedkv.model.layers",
-                "pagedkv.model.packed_gemv",
-            }
-        ),
-        # the benchmark command line and the suite it runs, being taken apart
-        frozenset({"pagedkv.bench.cli", "pagedkv.bench.isolated", "pagedkv.bench.suite"}),
-    }
-)
-
-
 def test_import_cycles_are_found_through_every_kind_of_import(tmp_path: Path) -> None:
     """A planted cycle through a function-level import and a relative one is found; a chain
     without a way back, an import of a name inside a module and one outside the package are
@@ -168,20 +148,7 @@ def test_import_cycles_lists_every_cycle_apart() -> None:
 def test_src_has_no_import_cycles() -> None:
     graph = import_graph(SRC, SRC.parent)
     assert len(graph) >= 100
-    unknown = [
-        " <-> ".join(cycle)
-        for cycle in import_cycles(graph)
-        if not any(set(cycle) <= known for known in KNOWN_CYCLES)
-    ]
-    assert unknown == []
-
-
-def test_every_known_cycle_is_still_there() -> None:
-    """An entry of KNOWN_CYCLES whose cycle is gone is deleted, so no cycle can come back
-    under it."""
-    cycles = import_cycles(import_graph(SRC, SRC.parent))
-    gone = [sorted(known) for known in KNOWN_CYCLES if not any(set(c) <= known for c in cycles)]
-    assert gone == []
+    assert [" <-> ".join(cycle) for cycle in import_cycles(graph)] == []
 
 
 @pytest.mark.spec("ENG-064")
