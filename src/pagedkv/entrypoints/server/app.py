@@ -21,7 +21,8 @@ from pagedkv.entrypoints.server.errors import install_error_handlers
 from pagedkv.entrypoints.server.limits import BodySizeLimit
 from pagedkv.entrypoints.server.metrics import ServingMetrics
 from pagedkv.entrypoints.server.reasoning import reasoning_parser
-from pagedkv.entrypoints.server.routes import ServerState, router
+from pagedkv.entrypoints.server.routes import router
+from pagedkv.entrypoints.server.state import ServerState
 from pagedkv.entrypoints.server.stats_log import log_throughput, startup_summary
 from pagedkv.entrypoints.server.tokenize import router as tokenize_router
 from pagedkv.errors import InvalidRequest
@@ -89,7 +90,7 @@ def create_app(
 
     The engine is owned by a background thread from the app's startup to its shutdown (the
     ASGI lifespan); nothing else may use it meanwhile. The bridge is reachable as
-    ``app.state.server.engine`` (see :class:`~pagedkv.entrypoints.server.routes.ServerState`).
+    ``app.state.server.engine`` (see :class:`~pagedkv.entrypoints.server.state.ServerState`).
 
     Args:
         engine: a freshly built engine with no requests.

@@ -26,7 +26,7 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from pagedkv.entrypoints.server.routes import ServerState
+from pagedkv.entrypoints.server.state import ServerState
 from pagedkv.errors import InvalidRequest
 
 #: Default seconds a client has to send a request's headers.

@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from pagedkv.entrypoints.server.async_engine import (
-    AsyncEngine,
     ChatPrompt,
     EngineUnavailable,
     GenerationStream,
@@ -19,7 +17,7 @@ from pagedkv.entrypoints.server.async_engine import (
 )
 from pagedkv.entrypoints.server.auth import cache_salt
 from pagedkv.entrypoints.server.errors import APIError
-from pagedkv.entrypoints.server.metrics import PROMETHEUS_CONTENT_TYPE, ServingMetrics
+from pagedkv.entrypoints.server.metrics import PROMETHEUS_CONTENT_TYPE
 from pagedkv.entrypoints.server.openai_format import (
     Collected,
     assistant_message,
@@ -40,8 +38,8 @@ from pagedkv.entrypoints.server.protocol import (
     ModelList,
     SamplingFields,
 )
-from pagedkv.entrypoints.server.reasoning import ReasoningParser
 from pagedkv.entrypoints.server.request_checks import check_request
+from pagedkv.entrypoints.server.state import ServerState, check_model, server_state
 from pagedkv.entrypoints.server.streaming import (
     ChoiceFormat,
     EventStream,
@@ -56,45 +54,7 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 CLIENT_CLOSED_REQUEST = 499
 
 
-@dataclass(frozen=True, slots=True)
-class ServerState:
-    """What the endpoints share, kept in ``app.state.server``.
-
-    Attributes:
-        engine: the engine bridge.
-        model_name: the only model name requests may ask for (and what an absent ``model``
-            means).
-        created: Unix time (seconds) the app was created, reported by ``/v1/models``.
-        metrics: the server's Prometheus metrics.
-        reasoning: the reasoning parser splitting chat replies, ``None`` for none.
-    """
-
-    engine: AsyncEngine
-    model_name: str
-    created: int
-    metrics: ServingMetrics
-    reasoning: ReasoningParser | None = None
-
-
 router = APIRouter()
-
-
-def server_state(request: Request) -> ServerState:
-    state = getattr(request.app.state, "server", None)
-    if not isinstance(state, ServerState):
-        raise EngineUnavailable("the app has no engine")
-    return state
-
-
-def check_model(state: ServerState, model: str | None) -> None:
-    """Raise 404 unless ``model`` is absent (the served model) or the served model's name."""
-    if model is not None and model != state.model_name:
-        raise APIError(
-            404,
-            f"the model {model!r} does not exist; this server serves {state.model_name!r}",
-            param="model",
-            code="model_not_found",
-        )
 
 
 def _check_request(state: ServerState, body: SamplingFields) -> None:

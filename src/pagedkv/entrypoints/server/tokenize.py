@@ -19,7 +19,7 @@ from pagedkv.entrypoints.server.protocol import (
     VersionResponse,
 )
 from pagedkv.entrypoints.server.request_checks import check_request
-from pagedkv.entrypoints.server.routes import check_model, server_state
+from pagedkv.entrypoints.server.state import check_model, server_state
 
 router = APIRouter()
 
