@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pagedkv.engine.generation_config import GenerationDefaults
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
-from pagedkv.entrypoints.server.async_engine import PromptInput, StreamItem
+from pagedkv.entrypoints.server.async_engine import PromptInput
 from pagedkv.entrypoints.server.protocol import (
     AssistantMessage,
     ChoiceLogprobs,
@@ -221,19 +221,3 @@ def chat_logprobs(entries: Sequence[TokenLogprobs], texts: Mapping[int, str]) ->
             )
         )
     return ChoiceLogprobs(content=content)
-
-
-class Collected:
-    """The final output and the token texts of each prompt of a non-streamed response."""
-
-    def __init__(self) -> None:
-        self.outputs: dict[int, RequestOutput] = {}
-        self.texts: dict[int, dict[int, str]] = {}
-
-    def add(self, item: StreamItem) -> None:
-        self.outputs[item.index] = item.output
-        self.texts.setdefault(item.index, {}).update(item.token_texts)
-
-    def ordered(self) -> list[tuple[int, RequestOutput, Mapping[int, str]]]:
-        """``(index, final output, token texts)`` in prompt order."""
-        return [(i, self.outputs[i], self.texts.get(i, {})) for i in sorted(self.outputs)]
