@@ -15,11 +15,12 @@ from fastapi import FastAPI
 
 from pagedkv import __version__
 from pagedkv.entrypoints.server.admission import AdmissionLimits
+from pagedkv.entrypoints.server.api_keys import ApiKeys
 from pagedkv.entrypoints.server.async_engine import AsyncEngine
-from pagedkv.entrypoints.server.auth import ApiKeyAuth
 from pagedkv.entrypoints.server.errors import install_error_handlers
-from pagedkv.entrypoints.server.limits import BodySizeLimit
+from pagedkv.entrypoints.server.gate import PolicyGate
 from pagedkv.entrypoints.server.metrics import ServingMetrics
+from pagedkv.entrypoints.server.policy import ServerPolicy
 from pagedkv.entrypoints.server.reasoning import reasoning_parser
 from pagedkv.entrypoints.server.routes import router
 from pagedkv.entrypoints.server.state import ServerState
@@ -103,18 +104,22 @@ def create_app(
         InvalidRequest: ``max_body_bytes`` < 1, an empty ``model_name``, or a reasoning parser
             that is unknown or that the model's tokenizer cannot support.
     """
-    if max_body_bytes < 1:
-        raise InvalidRequest(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+    config = config or ServerConfig()
+    policy = ServerPolicy(
+        max_body_bytes,
+        config.limits,
+        ApiKeys.of(config.api_keys) if config.api_keys else None,
+        tenant_per_key=config.cache_salt_per_api_key,
+    )
     if not model_name:
         raise InvalidRequest("model_name must not be empty")
-    config = config or ServerConfig()
     reasoning = (
         None
         if config.reasoning_parser is None
         else reasoning_parser(config.reasoning_parser, engine.tokenizer)
     )
     metrics = ServingMetrics(model_name, engine.max_model_len)
-    bridge = AsyncEngine(engine, config.limits, observer=metrics.observe)
+    bridge = AsyncEngine(engine, policy, observer=metrics.observe)
     metrics.watch_engine(bridge.stats)
 
     @asynccontextmanager
@@ -151,14 +156,11 @@ def create_app(
         model_name=model_name,
         created=int(time.time()),
         metrics=metrics,
+        policy=policy,
         reasoning=reasoning,
     )
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
-    if config.api_keys:  # added last: runs first, before any body is read
-        app.add_middleware(
-            ApiKeyAuth, keys=config.api_keys, tenant_per_key=config.cache_salt_per_api_key
-        )
+    app.add_middleware(PolicyGate, policy=policy)
     app.include_router(router)
     app.include_router(tokenize_router)
     return app

@@ -6,7 +6,7 @@ receive each request's outputs on their own ``asyncio.Queue``, filled from the e
 with ``loop.call_soon_threadsafe``. The thread steps while any request is unfinished and
 sleeps on the command queue otherwise.
 
-Admission (see :mod:`pagedkv.entrypoints.server.admission`) happens at both ends: the prompt
+Admission (see :mod:`pagedkv.entrypoints.server.policy`) happens at both ends: the prompt
 count is checked when a request is submitted, the queue depth on the engine thread when it is
 added (where the engine's count of waiting requests is exact), and deadlines between steps.
 
@@ -36,7 +36,8 @@ from typing import Any, TypeVar
 from pagedkv.engine.outputs import EngineStats, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.engine.tokenizer import Message
-from pagedkv.entrypoints.server.admission import AdmissionLimits, DeadlineExceeded, Deadlines
+from pagedkv.entrypoints.server.deadlines import Deadlines
+from pagedkv.entrypoints.server.policy import Refused, ServerPolicy
 from pagedkv.errors import InvalidRequest, PagedKVError, RunnerFailed
 from pagedkv.interfaces import Engine
 
@@ -204,13 +205,13 @@ class AsyncEngine:
     def __init__(
         self,
         engine: Engine,
-        limits: AdmissionLimits | None = None,
+        policy: ServerPolicy,
         *,
         observer: Callable[[RequestOutput], None] | None = None,
     ) -> None:
         """Args:
         engine: a freshly built engine with no requests.
-        limits: the admission limits (defaults when ``None``).
+        policy: what the server admits (prompts per request, queue depth, deadlines).
         observer: called on the engine thread with every output (metrics); must not raise.
         """
         self._engine = engine
@@ -223,7 +224,7 @@ class AsyncEngine:
         self._admitting.set()
         self._deadlines = Deadlines()
         self._step_errors = 0
-        self.limits = limits if limits is not None else AdmissionLimits()
+        self.policy = policy
         self.max_model_len = engine.max_model_len
         self.generation_defaults = engine.generation_defaults
 
@@ -277,7 +278,7 @@ class AsyncEngine:
         """Queue one request per prompt, all or none.
 
         Args:
-            prompts: at least one prompt, at most ``limits.max_prompts_per_request``.
+            prompts: at least one prompt, as many as the policy admits in one request.
             params: sampling parameters shared by every prompt.
             fill_context: replace ``params.max_tokens`` by the positions left in the model's
                 context after each prompt.
@@ -298,9 +299,10 @@ class AsyncEngine:
             raise EngineUnavailable("the server is shutting down")
         if not prompts:
             raise InvalidRequest("the prompt is empty")
-        self.limits.check_prompts(len(prompts))
-        timeout = self.limits.request_timeout_s
-        deadline = None if timeout is None else time.monotonic() + timeout
+        admitted = self.policy.admit_prompts(len(prompts))
+        if isinstance(admitted, Refused):
+            raise admitted.reason
+        deadline = self.policy.deadline(time.monotonic())
         items: asyncio.Queue[StreamItem | BaseException] = asyncio.Queue()
         base = uuid.uuid4().hex
         request_ids = tuple(f"{base}-{i}" for i in range(len(prompts)))
@@ -419,7 +421,9 @@ class AsyncEngine:
             return  # the handler went away before its request was queued
         added: list[str] = []
         try:
-            self.limits.check_queue(self._engine.stats().waiting, len(command.prompts))
+            admitted = self.policy.admit_queue(self._engine.stats().waiting, len(command.prompts))
+            if isinstance(admitted, Refused):
+                raise admitted.reason
             for index, (request_id, prompt) in enumerate(
                 zip(command.request_ids, command.prompts, strict=True)
             ):
@@ -466,13 +470,10 @@ class AsyncEngine:
 
     def _expire_deadlines(self) -> None:
         """End every routed request whose deadline has passed with ``DeadlineExceeded``."""
-        timeout = self.limits.request_timeout_s
         for request_id in self._deadlines.due(time.monotonic()):
             route = self._routes.get(request_id)
             if route is not None:
-                route.sink.put(
-                    DeadlineExceeded(f"the request did not finish within {timeout} seconds")
-                )
+                route.sink.put(self.policy.expired())
                 self._abort([request_id])
 
     def _tokenize(self, prompt: PromptInput) -> list[int]:

@@ -14,8 +14,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedkv.engine.chat_template import InvalidTemplateKwargs
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
-from pagedkv.entrypoints.server.admission import DeadlineExceeded, QueueFull, TooManyPrompts
 from pagedkv.entrypoints.server.async_engine import EngineFailure, EngineUnavailable, RequestFailed
+from pagedkv.entrypoints.server.policy import (
+    BodyTooLarge,
+    DeadlineExceeded,
+    QueueFull,
+    TooManyPrompts,
+    Unauthenticated,
+)
 from pagedkv.entrypoints.server.protocol import ErrorInfo, ErrorResponse
 from pagedkv.errors import InvalidRequest, RequestTooLong
 
@@ -62,18 +68,6 @@ class APIError(Exception):
         return JSONResponse(body, self.status_code, headers=self.headers)
 
 
-def error_response(
-    status_code: int,
-    message: str,
-    *,
-    error_type: str = "invalid_request_error",
-    param: str | None = None,
-    code: str | None = None,
-) -> JSONResponse:
-    """A JSON response with body ``{"error": {"message", "type", "param", "code"}}``."""
-    return APIError(status_code, message, error_type=error_type, param=param, code=code).response()
-
-
 def invalid_request_error(exc: InvalidRequest) -> APIError:
     """The 400 error of a typed engine rejection; ``param`` names the field when known."""
     message = str(exc)
@@ -113,6 +107,15 @@ def _unavailable(exc: EngineUnavailable) -> APIError:
 def _queue_full(exc: QueueFull) -> APIError:
     retry = {"Retry-After": str(exc.retry_after_s)}
     return APIError(429, str(exc), error_type="rate_limit_error", code="queue_full", headers=retry)
+
+
+def _unauthenticated(exc: Unauthenticated) -> APIError:
+    bearer = {"WWW-Authenticate": "Bearer"}
+    return APIError(401, str(exc), code="invalid_api_key", headers=bearer)
+
+
+def _body_too_large(exc: BodyTooLarge) -> APIError:
+    return APIError(413, str(exc), code="request_too_large")
 
 
 def _deadline(exc: DeadlineExceeded) -> APIError:
@@ -158,6 +161,8 @@ _CONVERSIONS: tuple[tuple[type[Any], Callable[[Any], APIError]], ...] = (
     (APIError, _same),
     (RequestValidationError, _validation_error),
     (InvalidRequest, invalid_request_error),
+    (Unauthenticated, _unauthenticated),
+    (BodyTooLarge, _body_too_large),
     (QueueFull, _queue_full),
     (DeadlineExceeded, _deadline),
     (EngineUnavailable, _unavailable),

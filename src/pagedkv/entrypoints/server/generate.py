@@ -16,9 +16,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from pagedkv.entrypoints.server.async_engine import GenerationStream
-from pagedkv.entrypoints.server.auth import cache_salt
 from pagedkv.entrypoints.server.endpoint import Collected, Endpoint, ResponseHead
 from pagedkv.entrypoints.server.errors import APIError
+from pagedkv.entrypoints.server.gate import tenant
 from pagedkv.entrypoints.server.protocol import SamplingFields
 from pagedkv.entrypoints.server.request_checks import check_request
 from pagedkv.entrypoints.server.state import ServerState, check_model, server_state
@@ -47,7 +47,7 @@ async def generate(endpoint: Endpoint[BodyT], body: BodyT, request: Request) -> 
         submission.params,
         fill_context=submission.fill_context,
         token_texts=submission.token_texts,
-        cache_salt=cache_salt(request, body.cache_salt),
+        cache_salt=state.policy.cache_salt(tenant(request), body.cache_salt),
     )
     head = ResponseHead(
         id=f"{endpoint.id_prefix}-{uuid.uuid4().hex}",

@@ -10,6 +10,7 @@ from fastapi import Request
 from pagedkv.entrypoints.server.async_engine import AsyncEngine, EngineUnavailable
 from pagedkv.entrypoints.server.errors import APIError
 from pagedkv.entrypoints.server.metrics import ServingMetrics
+from pagedkv.entrypoints.server.policy import ServerPolicy
 from pagedkv.entrypoints.server.reasoning import ReasoningParser
 
 
@@ -23,6 +24,8 @@ class ServerState:
             means).
         created: Unix time (seconds) the app was created, reported by ``/v1/models``.
         metrics: the server's Prometheus metrics.
+        policy: what the server admits: API keys and tenants, body size, prompts, queue depth,
+            deadlines.
         reasoning: the reasoning parser splitting chat replies, ``None`` for none.
     """
 
@@ -30,6 +33,7 @@ class ServerState:
     model_name: str
     created: int
     metrics: ServingMetrics
+    policy: ServerPolicy
     reasoning: ReasoningParser | None = None
 
 

@@ -21,7 +21,7 @@ logger = logging.getLogger("pagedkv.server")
 def startup_summary(model_name: str, engine: AsyncEngine, auth: str) -> str:
     """One line saying what is served and under which limits."""
     stats = engine.stats()
-    limits = engine.limits
+    limits = engine.policy.limits
     timeout = limits.request_timeout_s
     return (
         f"serving {model_name!r}: max_model_len {engine.max_model_len}, "
