@@ -148,7 +148,7 @@ class ChatChunks:
             ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))
             for i in range(self.shape.n)
         ]
-        return self._chunk(roles)
+        return self.head.chat_chunk(roles)
 
     def delta(
         self, item: StreamItem, completion: CompletionOutput, ending: bool
@@ -173,18 +173,10 @@ class ChatChunks:
         )
         if shape.logprobs:
             choice.logprobs = chat_logprobs(entries, item.token_texts)
-        return self._chunk([choice])
+        return self.head.chat_chunk([choice])
 
     def closing(self, usage: Usage) -> ChatCompletionChunk:
-        return self._chunk([], usage)
-
-    def _chunk(
-        self, choices: list[ChatChunkChoice], usage: Usage | None = None
-    ) -> ChatCompletionChunk:
-        head = self.head
-        return ChatCompletionChunk(
-            id=head.id, created=head.created, model=head.model, choices=choices, usage=usage
-        )
+        return self.head.chat_chunk([], usage)
 
 
 def _split_delta(splitter: ReasoningSplitter, new_text: str, finished: bool) -> Delta:

@@ -117,13 +117,7 @@ class CompletionShape:
             for index, output, texts in collected.ordered()
             for completion in output.outputs
         ]
-        return CompletionResponse(
-            id=head.id,
-            created=head.created,
-            model=head.model,
-            choices=choices,
-            usage=usage(collected.outputs.values()),
-        )
+        return head.completion(choices, usage(collected.outputs.values()))
 
     def chunks(self, head: ResponseHead) -> CompletionChunks:
         return CompletionChunks(self, head)
@@ -199,15 +193,7 @@ class CompletionChunks:
             item.index, item.output, completion, known, first=first, final=False, offset=offset
         )
         self.sent[index] = offset + len(choice.text)
-        return self._chunk([choice])
+        return self.head.completion([choice])
 
     def closing(self, usage: Usage) -> CompletionResponse:
-        return self._chunk([], usage)
-
-    def _chunk(
-        self, choices: list[CompletionChoice], usage: Usage | None = None
-    ) -> CompletionResponse:
-        head = self.head
-        return CompletionResponse(
-            id=head.id, created=head.created, model=head.model, choices=choices, usage=usage
-        )
+        return self.head.completion([], usage)

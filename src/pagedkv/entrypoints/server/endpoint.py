@@ -22,7 +22,14 @@ from pydantic import BaseModel
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.entrypoints.server.async_engine import PromptInput, StreamItem
-from pagedkv.entrypoints.server.protocol import SamplingFields, Usage
+from pagedkv.entrypoints.server.protocol import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    CompletionChoice,
+    CompletionResponse,
+    SamplingFields,
+    Usage,
+)
 from pagedkv.entrypoints.server.state import ServerState
 
 BodyT_contra = TypeVar("BodyT_contra", bound=SamplingFields, contravariant=True)
@@ -60,6 +67,22 @@ class ResponseHead:
     id: str
     created: int
     model: str
+
+    def completion(
+        self, choices: list[CompletionChoice], usage: Usage | None = None
+    ) -> CompletionResponse:
+        """A ``text_completion`` body, or chunk, of this response."""
+        return CompletionResponse(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
+
+    def chat_chunk(
+        self, choices: list[ChatChunkChoice], usage: Usage | None = None
+    ) -> ChatCompletionChunk:
+        """A ``chat.completion.chunk`` of this response."""
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )
 
 
 @dataclass(slots=True)
