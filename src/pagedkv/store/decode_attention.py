@@ -7,13 +7,10 @@ hands the copies to SDPA: every K/V byte is written once and read three times. H
 attention is written as elementwise products and reductions over ``keys[kv_index]``, and
 compiled by inductor with dynamic shapes: inductor turns the indexing into indirect loads
 inside the reduction loops, so each position is read from the pool once, in its own dtype, and
-converted in registers. Measured on two cores in an engine decode step of 32 sequences of
-about 146 positions (the Qwen3-0.6B shape, profiler): a layer's attention took 2.85 ms fused
-against 4.9 ms gathered in bfloat16 (the gathers, their float32 copies and SDPA), and the step
-215 ms against 293 ms; in float32 4.3 ms against 4.8 ms a layer, 415-442 ms against 450-466 ms
-a step. The fused pass still reads far below the memory's rate (19 MB of bfloat16 K/V a layer
-at about 7 GB/s): inductor puts the loop over the width inside the 16-lane loop over the head
-dimension, so every 16 values cost an indirect load and its scalar index work.
+converted in registers: faster than the gathered path in both dtypes (``bench/kernels.md`` has
+the figures). The fused pass still reads far below the memory's rate: inductor puts the loop
+over the width inside the 16-lane loop over the head dimension, so every 16 values cost an
+indirect load and its scalar index work.
 
 One compiled function serves every shape: dynamic shapes, so a new batch size or width reuses
 the compiled kernel; inductor compiles again only for another dtype, head shape or a size of 1

@@ -1,10 +1,9 @@
 """Row gathers of K/V tensors at the speed of their bytes.
 
-On the CPU, ``index_select`` of a 16-bit float tensor (bfloat16, float16) takes a slow path:
-gathering 168 rows of a bfloat16 ``[1024, 8, 128]`` pool took 0.51 ms against 0.036 ms for the
-same bytes viewed as int16 (torch 2.13, two threads). A gather moves bytes and computes
-nothing, so it is done on an integer view of the same width: the result is bit for bit the
-same.
+On the CPU, ``index_select`` of a 16-bit float tensor (bfloat16, float16) takes a slow path,
+an order of magnitude slower than the same bytes viewed as int16 (``bench/kernels.md``). A
+gather moves bytes and computes nothing, so it is done on an integer view of the same width:
+the result is bit for bit the same.
 """
 
 from __future__ import annotations

@@ -9,20 +9,12 @@ are never read. Its work is shared over torch's own OpenMP threads (see
 dimension is a multiple of 16 it runs 16-lane code (holding a head's rows in registers up to
 128 channels, Qwen3's), else portable loops (PST-041).
 
-Measured against the other two paths on one two-core AMD EPYC (torch 2.13, 2 threads), one
-layer's decode attention, 32 sequences of up to 150 positions with Qwen3-0.6B's heads (16
-query, 8 KV, 128 channels): float32 6.2-7.2 ms gathered into SDPA, 4.4-4.9 ms compiled by
-inductor (:class:`~pagedkv.store.decode_attention.CompiledDecode`), 2.7-3.2 ms here;
-bfloat16 8.2-8.9, 3.2-3.4 and 2.4 ms. Four sequences of up to 450 positions with the small
-model's heads (4 and 2, 64 channels): 0.26-0.30, 0.32 and 0.11-0.13 ms; one sequence is
-faster here too, so groups of any size use it.
-
-Those figures were taken with a pool that fits the cache, before the 16-lane code. In a
-model's pool, larger than the cache, the kernel asks for rows a few positions ahead (``AHEAD``
-in the source, with its measurements); on a two-core Xeon that took the benchmark's 32
-bfloat16 requests from 41 to 57 generated tokens per second. The 16-lane code and the task per
-sequence then took one layer's bfloat16 decode of 32 sequences to about the machine's read
-rate (PST-041's rationale).
+It is faster than the other two paths (gathered into SDPA, and compiled by inductor:
+:class:`~pagedkv.store.decode_attention.CompiledDecode`) in both dtypes, for one sequence as
+for many, so groups of any size use it. In a model's pool, larger than the cache, the kernel
+asks for rows a few positions ahead (``AHEAD`` in the source); with the 16-lane code and the
+task per sequence, one layer's bfloat16 decode of 32 sequences reads at about the machine's
+rate (PST-041's rationale; ``bench/kernels.md`` has the figures).
 
 The library is built on first use by :mod:`pagedkv.native.build` (once per source, compiler
 and CPU, with ``-O3 -march=native``); where it cannot be built, :meth:`NativeDecode.build`

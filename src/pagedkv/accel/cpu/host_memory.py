@@ -4,11 +4,10 @@ glibc gives a freed block back to the system when it was mmapped (blocks above
 ``M_MMAP_THRESHOLD``) or when the free top of the heap passes ``M_TRIM_THRESHOLD``; its
 dynamic thresholds follow the largest block freed so far, but not the sum of a layer's
 temporaries. A bfloat16 decode step of 32 sequences of about 150 positions (the Qwen3-0.6B
-shape) frees 58 MB of K/V gathers and their float32 copies in every layer: measured on two
-cores, each layer's attention faulted 14,000 pages back in (19 ms against 4.5 ms without the
-faults), and a whole engine step faulted 0.18 to 1.6 GB, as the heap's layout fell, and took
-269 to 790 ms, against none and 225 to 233 ms with the thresholds raised. vLLM's CPU backend
-preloads tcmalloc for the same reason.
+shape) frees 58 MB of K/V gathers and their float32 copies in every layer, which the next
+layer faulted back in, page by page, at several times the cost of its attention
+(``bench/kernels.md`` has the figures). vLLM's CPU backend preloads tcmalloc for the same
+reason.
 
 The thresholds are the process's: once raised, every allocation of the process keeps its
 memory (transformers' included), and the resident size stays at its peak. Above the mmap
