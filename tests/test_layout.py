@@ -164,6 +164,7 @@ def test_the_protocols_import_nothing_above_them() -> None:
             reached.add(imported)
             todo.append(imported)
     below = {
+        "pagedkv.device",
         "pagedkv.errors",
         "pagedkv.plan",
         "pagedkv.engine.chat_template",
@@ -270,3 +271,36 @@ def test_the_plain_torch_checks_see_a_kernel(tmp_path: Path) -> None:
         "pagedkv/model/probe.py:1 imports ctypes"
     ]
     assert kernel_slots([source]) == ["probe.py: RMSNorm.fused", "probe.py: RMSNorm.gemv"]
+
+
+def literal_device_defaults(paths: list[Path]) -> list[str]:
+    """``file:line name`` of each parameter in ``paths`` whose default is a device's name."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.arguments):
+                continue
+            positional = [*node.posonlyargs, *node.args]
+            pairs = [
+                *zip(
+                    positional[len(positional) - len(node.defaults) :], node.defaults, strict=True
+                ),
+                *zip(node.kwonlyargs, node.kw_defaults, strict=True),
+            ]
+            for arg, default in pairs:
+                if isinstance(default, ast.Constant) and default.value in ("cpu", "cuda"):
+                    found.append(f"{path.name}:{default.lineno} {arg.arg}")
+    return sorted(found)
+
+
+@pytest.mark.spec("ENG-065")
+def test_one_module_names_the_default_device() -> None:
+    """Every entry point defaults to ``pagedkv.device.DEFAULT_DEVICE``: no parameter of
+    ``src/`` defaults to a device's name of its own."""
+    assert literal_device_defaults(sorted(SRC.rglob("*.py"))) == []
+
+
+def test_a_literal_device_default_is_found(tmp_path: Path) -> None:
+    source = tmp_path / "probe.py"
+    source.write_text('def f(a, device="cpu", *, kind: str = "cuda", n=1): ...\n')
+    assert literal_device_defaults([source]) == ["probe.py:1 device", "probe.py:1 kind"]

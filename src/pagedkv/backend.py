@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import Closable, KVManager, KVManagerConfig, PagedStore, StoreConfig
@@ -96,7 +97,7 @@ class ReferenceBackend:
         config: EngineConfig | None = None,
         *,
         dtype: str = "float32",
-        device: str = "cpu",
+        device: str = DEFAULT_DEVICE,
         generation_config: str = "auto",
     ) -> LLMEngine:
         """An engine for a Hugging Face format Qwen3 checkpoint: its model (with a K/V pool in
@@ -151,7 +152,7 @@ class ReferenceBackend:
         num_pages: int | None,
         page_size: int,
         dtype: str = "float32",
-        device: str = "cpu",
+        device: str = DEFAULT_DEVICE,
     ) -> StepRunner:
         """A runner for the checkpoint (see :class:`~pagedkv.interfaces.ModelBackend`); split
         over ``tensor_parallel_size`` ranks when that is above 1.
@@ -202,7 +203,7 @@ def load_engine(
     config: EngineConfig | None = None,
     *,
     dtype: str = "float32",
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     generation_config: str = "auto",
     tensor_parallel_size: int = 1,
 ) -> Engine:

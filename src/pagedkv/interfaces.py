@@ -24,6 +24,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.errors import InvalidRequest
 
 # The step's data is the PagedStore's and the StepRunner's contract: its name stays importable
@@ -374,7 +375,7 @@ class StoreConfig:
     page_size: int
     num_pages: int
     dtype: str = "float32"
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
 
 
 class AttentionMetadata(Protocol):
@@ -604,7 +605,7 @@ class ModelBackend(Backend, Protocol):
         num_pages: int | None,
         page_size: int,
         dtype: str = "float32",
-        device: str = "cpu",
+        device: str = DEFAULT_DEVICE,
     ) -> StepRunner:
         """A runner for the checkpoint in ``model_dir``; with ``num_pages`` set it owns a paged
         K/V pool of that many pages, else it can only run cache-less (v0) plans."""

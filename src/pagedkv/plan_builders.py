@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PageCopy
 from pagedkv.plan import AttentionBatch, SeqChunk, StepPlan
@@ -87,7 +88,7 @@ def _plan(
 def build_paged_plan(
     chunks: Sequence[SeqChunk],
     page_size: int,
-    device: torch.device | str = "cpu",
+    device: torch.device | str = DEFAULT_DEVICE,
     copies: Sequence[PageCopy] = (),
 ) -> StepPlan:
     """Flatten ``chunks`` into a plan over a paged KV cache (v1).
@@ -129,7 +130,7 @@ def build_paged_plan(
 
 
 def build_recompute_plan(
-    chunks: Sequence[SeqChunk], device: torch.device | str = "cpu"
+    chunks: Sequence[SeqChunk], device: torch.device | str = DEFAULT_DEVICE
 ) -> StepPlan:
     """Flatten ``chunks`` into a cache-less plan (v0): every chunk is a whole sequence from
     position 0, and attention sees only the step's own rows.

@@ -16,6 +16,7 @@ import torch
 from pagedkv.bench.checkpoints import Checkpoint
 from pagedkv.bench.requests import BenchRequest
 from pagedkv.bench.run import RunResult
+from pagedkv.device import DEFAULT_DEVICE
 
 #: Name of the static-batch ``generate`` system in the results.
 HF_GENERATE = "hf-generate"
@@ -25,7 +26,9 @@ HF_GENERATE_BATCH = "hf-generate-batch"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_hf_model(checkpoint: Checkpoint, dtype: str = "float32", device: str = "cpu") -> Any:
+def load_hf_model(
+    checkpoint: Checkpoint, dtype: str = "float32", device: str = DEFAULT_DEVICE
+) -> Any:
     """The checkpoint as a transformers ``Qwen3ForCausalLM`` (SDPA attention, eval mode)."""
     from transformers import Qwen3ForCausalLM
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from pagedkv.accel.cpu.onednn import onednn_linear, onednn_pack, packing_supported
+from pagedkv.device import DEFAULT_DEVICE
 
 #: Side of the square float32 matrix the read kernels stream: 16384^2 * 4 bytes = 1 GiB, more
 #: than twice the largest last-level cache seen on the benchmark machines.
@@ -56,7 +57,7 @@ class ReadBandwidth:
         return max(self.kernels, key=lambda k: self.kernels[k])
 
 
-def fastest(kernel: Callable[[], object], repeats: int, device: str = "cpu") -> float:
+def fastest(kernel: Callable[[], object], repeats: int, device: str = DEFAULT_DEVICE) -> float:
     """Seconds of the fastest of ``repeats`` timed calls after one warm-up call (on CUDA, each
     timed to the end of its kernels)."""
 
@@ -75,7 +76,9 @@ def fastest(kernel: Callable[[], object], repeats: int, device: str = "cpu") -> 
     return best
 
 
-def read_bandwidth(side: int = READ_SIDE, repeats: int = 3, device: str = "cpu") -> ReadBandwidth:
+def read_bandwidth(
+    side: int = READ_SIDE, repeats: int = 3, device: str = DEFAULT_DEVICE
+) -> ReadBandwidth:
     """Bytes per second the machine reads from memory, by float32 kernels: matrix-vector
     products through MKL (``F.linear``) and, on a CPU with oneDNN, through oneDNN on the matrix
     packed for it (the kernel pagedkv's decode runs), a sum and a copy."""
@@ -103,7 +106,7 @@ def gemm_peak_flops(
     dtype: torch.dtype = torch.float32,
     side: int = GEMM_SIDE,
     repeats: int = 3,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
 ) -> float:
     """Floating-point operations per second of a ``side``-cubed matrix product in ``dtype``: the
     best of ``torch.mm`` and, on a CPU with oneDNN, oneDNN's product on a packed operand."""

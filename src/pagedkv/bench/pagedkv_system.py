@@ -10,6 +10,7 @@ from pagedkv.backend import ReferenceBackend
 from pagedkv.bench.checkpoints import Checkpoint
 from pagedkv.bench.requests import BenchRequest
 from pagedkv.bench.run import RunResult
+from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.engine.config import CacheMode, EngineConfig
 from pagedkv.engine.outputs import RequestOutput, StepReport
 from pagedkv.engine.params import OutputKind, SamplingParams
@@ -31,7 +32,7 @@ def load_runner(
     num_pages: int,
     page_size: int = PAGE_SIZE,
     dtype: str = "float32",
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     options: RunnerOptions | None = None,
 ) -> ModelRunner:
     """The checkpoint's model with a preallocated K/V pool of ``num_pages`` pages, run with

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from tqdm import tqdm
 
+from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.engine.config import CacheMode, EngineConfig
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import OutputKind, SamplingParams
@@ -108,7 +109,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         mode: CacheMode = "v1",
         dtype: str = "float32",
-        device: str = "cpu",
+        device: str = DEFAULT_DEVICE,
         generation_config: str = "auto",
         tensor_parallel_size: int = 1,
     ) -> None:

@@ -17,6 +17,7 @@ import torch
 from pagedkv.accel.cpu.builder import build_cpu_model, weight_nbytes
 from pagedkv.accel.cpu.host_memory import retain_freed_memory
 from pagedkv.accel.static_decode import StaticDecode, static_decode_over, static_store
+from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import PagedStore, StoreConfig
@@ -128,7 +129,7 @@ class ModelRunner:
         num_pages: int | None,
         page_size: int,
         dtype: str = "float32",
-        device: str = "cpu",
+        device: str = DEFAULT_DEVICE,
         options: RunnerOptions | None = None,
     ) -> ModelRunner:
         """Load a checkpoint; with ``num_pages`` set, preallocate its K/V pool once and run v1

@@ -23,13 +23,13 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from pagedkv.device import DEFAULT_DEVICE, torch_device, torch_dtype
 from pagedkv.errors import CheckpointError
 from pagedkv.model.checkpoint_layout import ShardedPiece, checkpoint_pieces, shard_pieces
 from pagedkv.model.config import ModelConfig
 from pagedkv.model.layers import MergedLinear
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.model.tensor_parallel import Collectives, ShardLayout
-from pagedkv.store.paged_store import torch_device, torch_dtype
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -41,7 +41,7 @@ MAX_NAMES_IN_ERROR = 8
 def load_model(
     model_dir: str | Path,
     dtype: str = "float32",
-    device: str | torch.device = "cpu",
+    device: str | torch.device = DEFAULT_DEVICE,
     *,
     tp_rank: int = 0,
     tp_size: int = 1,

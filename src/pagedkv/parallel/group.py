@@ -28,6 +28,7 @@ import torch
 import torch.multiprocessing as torch_mp
 from torch._C._distributed_c10d import Store
 
+from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.errors import InvalidRequest, WorkerFailed
 from pagedkv.parallel.collectives import GroupCollectives, MessageChannel
 from pagedkv.parallel.messages import LoadReply, Message, Shutdown
@@ -95,7 +96,7 @@ class WorkerGroup:
     def spawn(
         cls,
         size: int,
-        device_type: str = "cpu",
+        device_type: str = DEFAULT_DEVICE,
         *,
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         threads: int | None = None,
@@ -149,7 +150,7 @@ class WorkerGroup:
     def from_environment(
         cls,
         size: int,
-        device_type: str = "cpu",
+        device_type: str = DEFAULT_DEVICE,
         *,
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
     ) -> tuple[WorkerGroup | None, RankGroups]:

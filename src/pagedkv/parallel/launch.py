@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
 from pagedkv.parallel.group import WorkerGroup
@@ -57,7 +58,7 @@ def tensor_parallel_runner(
     num_pages: int | None,
     page_size: int,
     dtype: str = "float32",
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     options: RunnerOptions | None = None,
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
 ) -> TensorParallelRunner:

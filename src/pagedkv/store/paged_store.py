@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedkv.device import torch_device, torch_dtype
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
 from pagedkv.store import decode_attention
@@ -33,40 +34,6 @@ from pagedkv.store.ragged_attention import (
     plan_attention,
     ragged_attention,
 )
-
-#: The dtype names a :class:`~pagedkv.interfaces.StoreConfig` (and the loader) accepts.
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype called ``name`` (``float32``, ``bfloat16`` or ``float16``).
-
-    Raises:
-        InvalidRequest: any other name.
-    """
-    dtype = DTYPES.get(name)
-    if dtype is None:
-        raise InvalidRequest(f"unsupported dtype {name!r}; expected one of {sorted(DTYPES)}")
-    return dtype
-
-
-def torch_device(name: str | torch.device) -> torch.device:
-    """The torch device ``name`` (``cpu``, ``cuda``, ``cuda:1``, ...), checked to be usable.
-
-    Raises:
-        InvalidRequest: an unparsable name, or a CUDA device on a machine without CUDA.
-    """
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise InvalidRequest(f"invalid device {name!r}: {exc}") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidRequest(f"device {name!r} requested but CUDA is not available")
-    return device
 
 
 def bytes_per_page(config: StoreConfig) -> int:
@@ -151,7 +118,8 @@ class TorchPagedStore:
 
     Args:
         config: the pool's shape. Every count must be >= 1 and ``dtype`` one of
-            :data:`DTYPES`. The pools are allocated here, zero-filled, and never reallocated.
+            :data:`~pagedkv.device.DTYPE_NAMES`. The pools are allocated here, zero-filled,
+            and never reallocated.
         fused_decode: decode attention read where the K/V lie, without a gathered copy
             (PST-008, :mod:`pagedkv.store.native_decode`,
             :mod:`pagedkv.store.decode_attention`); ``None`` (the default): on a CPU pool

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.errors import InvalidRequest
 
 #: Environment variable naming the device tests run the model on.
@@ -362,7 +363,9 @@ def build_tiny_checkpoint(spec: TinySpec, out_dir: str | Path, dtype: str = "flo
     return path
 
 
-def load_hf_reference(model_dir: str | Path, dtype: str = "float32", device: str = "cpu") -> Any:
+def load_hf_reference(
+    model_dir: str | Path, dtype: str = "float32", device: str = DEFAULT_DEVICE
+) -> Any:
     """The checkpoint loaded by transformers (eager attention, eval mode), the golden reference.
 
     Eager attention is the reference because it is transformers' plain softmax(QK^T)V with

@@ -11,6 +11,8 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagedkv.device import DEFAULT_DEVICE
+
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
     from pagedkv.interfaces import Engine
@@ -78,7 +80,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         "(default float32)",
     )
     group.add_argument(
-        "--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default cpu)"
+        "--device",
+        default=DEFAULT_DEVICE,
+        help=f"torch device, e.g. cpu or cuda:0 (default {DEFAULT_DEVICE})",
     )
     group.add_argument(
         "--no-prefix-caching",
