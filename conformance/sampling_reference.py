@@ -1,4 +1,5 @@
-"""The sampling filters of ENG-040, written from their definitions in plain float64 Python.
+"""The sampling filters of ENG-040 and the controls of ENG-048, written from their definitions
+in plain float64 Python.
 
 The engine tests compare what an engine samples with these, not with another run of the same
 engine, so a filter that is consistently wrong (keeping one token too few or too many) fails.
@@ -7,6 +8,7 @@ engine, so a filter that is consistently wrong (keeping one token too few or too
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 from pagedkv.engine.params import SamplingParams
@@ -73,3 +75,36 @@ def filtered_distribution(logits: Sequence[float], params: SamplingParams) -> li
     probs = _softmax([x / params.temperature for x in logits])
     mass = sum(probs[i] for i in kept)
     return [probs[i] / mass if i in kept else 0.0 for i in range(len(probs))]
+
+
+def controlled_logits(
+    logits: Sequence[float],
+    params: SamplingParams,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    stop_ids: frozenset[int] = frozenset(),
+) -> list[float]:
+    """One row's logits after the controls of ENG-048, by their definitions, in vLLM's order.
+
+    ``output`` is what the sequence generated before this position; ``stop_ids`` the model's
+    EOS tokens. ``min_tokens`` masks EOS and the stop tokens while ``output`` is shorter than
+    it; ``logit_bias`` adds; ``repetition_penalty`` divides a positive and multiplies a negative
+    logit of every token in the prompt or the output; ``frequency_penalty`` is subtracted once
+    per occurrence in the output and ``presence_penalty`` once per token the output holds.
+    """
+    x = [float(v) for v in logits]
+    if len(output) < params.min_tokens:
+        for token in stop_ids | set(params.stop_token_ids):
+            if 0 <= token < len(x):
+                x[token] = -math.inf
+    for token, bias in params.bias:
+        x[token] += bias
+    counts = Counter(output)
+    seen = set(prompt) | set(output)
+    rp = params.repetition_penalty
+    for token in range(len(x)):
+        if token in seen and x[token] != -math.inf:
+            x[token] = x[token] / rp if x[token] > 0 else x[token] * rp
+        x[token] -= params.frequency_penalty * counts[token]
+        x[token] -= params.presence_penalty * (counts[token] > 0)
+    return x
