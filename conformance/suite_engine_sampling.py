@@ -37,6 +37,10 @@ VOCAB = 13
 LIFT = 2.0
 #: How far below the reference's best logit a chosen token may be: float32 rounding only.
 TOLERANCE = 1e-4
+#: A temperature above the greedy threshold (ENG-046) that leaves sampling nearly greedy, and
+#: how far below the best logit a token so drawn may be: ``exp(-COLD_TOLERANCE / COLD)``.
+COLD = 1e-3
+COLD_TOLERANCE = 0.05
 CONFIG = EngineConfig(page_size=4, num_pages=64, max_num_batched_tokens=256, max_model_len=256)
 #: Prompts of the replay tests: the second holds most of the vocabulary (the repetition
 #: penalty's prompt half), the third repeats one token.
@@ -84,13 +88,15 @@ def replay(
     params: SamplingParams,
     tokens: Sequence[int],
     stop_ids: frozenset[int] = frozenset(),
+    tolerance: float = TOLERANCE,
 ) -> None:
-    """Every token of ``tokens`` is the argmax of the reference's logits at its position."""
+    """Every token of ``tokens`` is the argmax of the reference's logits at its position, to
+    within ``tolerance``."""
     context = list(prompt)
     for step, token in enumerate(tokens):
         want = controlled_logits(raw_logits(context), params, prompt, tokens[:step], stop_ids)
         best = max(range(VOCAB), key=lambda t: want[t])
-        assert want[token] >= want[best] - TOLERANCE, (
+        assert want[token] >= want[best] - tolerance, (
             f"position {step} of {list(tokens)} (prompt {list(prompt)}): the engine chose "
             f"{token} at {want[token]:.4f} after the controls, the reference's argmax is "
             f"{best} at {want[best]:.4f}"
@@ -168,6 +174,27 @@ class EngineSamplingSuite:
         for prompt, sp, out in zip(PROMPTS, params, outs, strict=True):
             replay(prompt, sp, out.token_ids)
         assert list(outs[2].token_ids) == solo_greedy(PROMPTS[2], 24, VOCAB)
+
+    @pytest.mark.spec("ENG-048", "ENG-041")
+    def test_controls_apply_when_sampling(self, backend: Backend) -> None:
+        """The batch above sampled at temperature :data:`COLD` with seeds: the controls shape
+        the distribution sampling draws from, not only the greedy choice. So cold, a token
+        :data:`COLD_TOLERANCE` below the best after the controls has probability below
+        ``exp(-50)``: each drawn token is the reference's argmax to within that."""
+        params = [
+            greedy(logit_bias={2: 1.25, 5: -0.75}, presence_penalty=0.5),
+            greedy(frequency_penalty=-0.3, repetition_penalty=1.5),
+            greedy(min_tokens=20, stop_token_ids=(1, 4)),
+            greedy(presence_penalty=-0.5, repetition_penalty=0.75, logit_bias={7: 0.25}),
+        ]
+        cold = [
+            dataclasses.replace(sp, temperature=COLD, seed=seed) for seed, sp in enumerate(params)
+        ]
+        outs = run_all(sampling_engine(backend), PROMPTS, cold)
+        for prompt, sp, out in zip(PROMPTS, cold, outs, strict=True):
+            replay(prompt, sp, out.token_ids, tolerance=COLD_TOLERANCE)
+        plain = [solo_greedy(p, 24, VOCAB) for p in PROMPTS]
+        assert all(list(o.token_ids) != p for o, p in zip(outs, plain, strict=True))
 
     @pytest.mark.spec("ENG-048", "ENG-042")
     @pytest.mark.parametrize("min_tokens", [1, 3, 6])

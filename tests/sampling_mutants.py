@@ -5,10 +5,11 @@ dict's salt (ENG-062), to prove ``pagedkv_conformance.test_engine_sampling`` and
 Four slips sit at the Engine Protocol, as rewritten requests: a presence penalty counted per
 occurrence is a frequency penalty, a frequency penalty counted once per token is a presence
 penalty, ``min_tokens`` one short is ``min_tokens - 1``, and a dropped salt is a prompt dict
-without its ``cache_salt``. Three cannot: a bias put in place of the logit, a repetition
-penalty blind to the prompt and presence and frequency penalties counting the prompt live in
-the reference sampler, whose ``apply_logit_bias`` or ``apply_penalties`` they replace for the
-duration of the engine's own sampling calls, so no other engine of the process is touched.
+without its ``cache_salt``. Four cannot: a bias put in place of the logit, a repetition
+penalty blind to the prompt, presence and frequency penalties counting the prompt, and controls
+applied to greedy rows only live in the reference sampler, whose ``apply_logit_bias``,
+``apply_penalties`` or ``processed_logits`` they replace for the duration of the engine's own
+sampling calls, so no other engine of the process is touched.
 ``tests/test_sampling_mutants.py`` runs the suite tests each one names (``--backend
 sampling_mutants:<name>``) and expects each to fail.
 """
@@ -145,6 +146,24 @@ def _penalties_counting_the_prompt(
     return apply
 
 
+def _controls_on_greedy_rows_only(
+    original: Callable[..., torch.Tensor],
+) -> Callable[..., torch.Tensor]:
+    """The reference's processed logits for greedy rows; the rows that draw keep the model's
+    logits, as if the controls were a step of the greedy path."""
+
+    def processed(
+        logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int] = frozenset()
+    ) -> torch.Tensor:
+        out = original(logits, rows, stop_ids)
+        for i, row in enumerate(rows):
+            if not row.params.greedy:
+                out[i] = logits[i].float()
+        return out
+
+    return processed
+
+
 def _patch_sampler(engine: Any, name: str, make: Callable[[Any], Any]) -> None:
     """Make this engine's sampling use ``make(original)`` for ``pagedkv.engine.sampler.<name>``
     (which ``processed_logits`` calls), swapped in for each ``_sample_rows`` call only."""
@@ -173,6 +192,10 @@ def _adjust_output_only_repetition(engine: Any) -> None:
 
 def _adjust_prompt_counted(engine: Any) -> None:
     _patch_sampler(engine, "apply_penalties", _penalties_counting_the_prompt)
+
+
+def _adjust_greedy_only(engine: Any) -> None:
+    _patch_sampler(engine, "processed_logits", _controls_on_greedy_rows_only)
 
 
 # -- the catalogue ---------------------------------------------------------------------------------
@@ -242,6 +265,11 @@ SAMPLING_MUTANTS: dict[str, SamplingMutant] = {
             BATCH,
         ),
         adjust=_adjust_prompt_counted,
+    ),
+    "controls_on_greedy_rows_only": _mutant(
+        "sampling controls applied to greedy rows only",
+        (SAMPLING + "test_controls_apply_when_sampling",),
+        adjust=_adjust_greedy_only,
     ),
     "min_tokens_one_short": _mutant(
         "min_tokens one short",
