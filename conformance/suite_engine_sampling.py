@@ -59,12 +59,14 @@ def raw_logits(context: Sequence[int]) -> list[float]:
     return (hash_logits(next_token(list(context), VOCAB), VOCAB) + LIFT).tolist()
 
 
-def sampling_engine(backend: Backend, eos_ids: frozenset[int] = frozenset()) -> Engine:
-    """An engine of ``backend`` over a fresh :class:`LiftedHashRunner`."""
+def sampling_engine(
+    backend: Backend, eos_ids: frozenset[int] = frozenset(), config: EngineConfig = CONFIG
+) -> Engine:
+    """An engine of ``backend`` with ``config`` over a fresh :class:`LiftedHashRunner`."""
     if not isinstance(backend, EngineBackend):
         raise TypeError(f"backend {backend.name!r} declares 'engine' but has no create_engine")
-    runner = LiftedHashRunner(VOCAB, CONFIG.num_pages, CONFIG.page_size)
-    return backend.create_engine(runner, CONFIG, eos_ids=eos_ids)
+    runner = LiftedHashRunner(VOCAB, config.num_pages, config.page_size)
+    return backend.create_engine(runner, config, eos_ids=eos_ids)
 
 
 def run_all(
@@ -174,6 +176,21 @@ class EngineSamplingSuite:
         for prompt, sp, out in zip(PROMPTS, params, outs, strict=True):
             replay(prompt, sp, out.token_ids)
         assert list(outs[2].token_ids) == solo_greedy(PROMPTS[2], 24, VOCAB)
+
+    @pytest.mark.spec("ENG-048", "ENG-032")
+    def test_controls_count_the_output_across_preemption(self, backend: Backend) -> None:
+        """Four penalised requests on a pool of 16 pages, too few for all of them: requests
+        are preempted and recomputed, and the tokens generated before a preemption still
+        count as output for the penalties and ``min_tokens`` (they are not folded into the
+        prompt)."""
+        params = greedy(presence_penalty=0.75, frequency_penalty=0.4, min_tokens=24)
+        small = dataclasses.replace(CONFIG, num_pages=16, max_num_batched_tokens=16)
+        engine = sampling_engine(backend, frozenset({0, 6}), small)
+        outs = run_all(engine, PROMPTS, [params] * len(PROMPTS))
+        assert engine.stats().preemptions > 0
+        for prompt, out in zip(PROMPTS, outs, strict=True):
+            replay(prompt, params, out.token_ids, frozenset({0, 6}))
+            assert len(out.token_ids) == params.max_tokens
 
     @pytest.mark.spec("ENG-048", "ENG-041")
     def test_controls_apply_when_sampling(self, backend: Backend) -> None:

@@ -5,9 +5,10 @@ dict's salt (ENG-062), to prove ``pagedkv_conformance.test_engine_sampling`` and
 Four slips sit at the Engine Protocol, as rewritten requests: a presence penalty counted per
 occurrence is a frequency penalty, a frequency penalty counted once per token is a presence
 penalty, ``min_tokens`` one short is ``min_tokens - 1``, and a dropped salt is a prompt dict
-without its ``cache_salt``. Four cannot: a bias put in place of the logit, a repetition
-penalty blind to the prompt, presence and frequency penalties counting the prompt, and controls
-applied to greedy rows only live in the reference sampler, whose ``apply_logit_bias``,
+without its ``cache_salt``. Five cannot: a bias put in place of the logit, a repetition
+penalty blind to the prompt, presence and frequency penalties counting the prompt, controls
+applied to greedy rows only and an output folded into the prompt when its request is preempted
+live in the reference's sampler (and scheduler), whose ``apply_logit_bias``,
 ``apply_penalties`` or ``processed_logits`` they replace for the duration of the engine's own
 sampling calls, so no other engine of the process is touched.
 ``tests/test_sampling_mutants.py`` runs the suite tests each one names (``--backend
@@ -198,6 +199,44 @@ def _adjust_greedy_only(engine: Any) -> None:
     _patch_sampler(engine, "processed_logits", _controls_on_greedy_rows_only)
 
 
+def _adjust_output_folded_on_preemption(engine: Any) -> None:
+    """(Reads the reference's paged scheduler.) A preempted request is recomputed as if the
+    tokens it had generated were part of its prompt: the sampler's rows of that request see
+    them as prompt, so the presence and frequency penalties and ``min_tokens`` count only what
+    it generates after its last preemption."""
+    scheduler = engine.scheduler
+    if not hasattr(scheduler, "_preempt"):
+        return  # a v0 (recompute) engine never preempts
+    # The id of a request's prompt tuple (which its sampler rows carry) -> the tokens folded.
+    folded: dict[int, int] = {}
+    original_preempt = scheduler._preempt
+
+    def preempt(request: Any) -> None:
+        folded[id(request.prompt_token_ids)] = request.num_output_tokens
+        original_preempt(request)
+
+    scheduler._preempt = preempt
+
+    def rows_folded(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def processed(
+            logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int] = frozenset()
+        ) -> torch.Tensor:
+            seen = []
+            for row in rows:
+                cut = folded.get(id(row.prompt_token_ids), 0)
+                prompt = [*row.prompt_token_ids, *row.output_token_ids[:cut]]
+                seen.append(
+                    dataclasses.replace(
+                        row, prompt_token_ids=prompt, output_token_ids=row.output_token_ids[cut:]
+                    )
+                )
+            return original(logits, seen, stop_ids)
+
+        return processed
+
+    _patch_sampler(engine, "processed_logits", rows_folded)
+
+
 # -- the catalogue ---------------------------------------------------------------------------------
 
 
@@ -270,6 +309,11 @@ SAMPLING_MUTANTS: dict[str, SamplingMutant] = {
         "sampling controls applied to greedy rows only",
         (SAMPLING + "test_controls_apply_when_sampling",),
         adjust=_adjust_greedy_only,
+    ),
+    "output_folded_on_preemption": _mutant(
+        "the output folded into the prompt on preemption",
+        (SAMPLING + "test_controls_count_the_output_across_preemption",),
+        adjust=_adjust_output_folded_on_preemption,
     ),
     "min_tokens_one_short": _mutant(
         "min_tokens one short",
