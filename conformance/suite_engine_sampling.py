@@ -192,6 +192,28 @@ class EngineSamplingSuite:
             replay(prompt, params, out.token_ids, frozenset({0, 6}))
             assert len(out.token_ids) == params.max_tokens
 
+    @pytest.mark.spec("ENG-048", "ENG-047")
+    def test_each_parallel_sample_counts_its_own_output(self, backend: Backend) -> None:
+        """``n=4`` with penalties, sampled at temperature 1: each sample's penalties count its
+        own output, not its siblings', so each equals the same prompt run alone with ``n=1``
+        and seed ``seed + i`` (ENG-047)."""
+        params = SamplingParams(
+            max_tokens=16,
+            temperature=1.0,
+            seed=21,
+            presence_penalty=1.5,
+            frequency_penalty=0.5,
+            repetition_penalty=1.5,
+        )
+        (out,) = run_all(sampling_engine(backend), [PROMPTS[0]], [dataclasses.replace(params, n=4)])
+        alone = run_all(
+            sampling_engine(backend),
+            [PROMPTS[0]] * 4,
+            [dataclasses.replace(params, seed=21 + i) for i in range(4)],
+        )
+        assert [c.token_ids for c in out.outputs] == [o.token_ids for o in alone]
+        assert len({c.token_ids for c in out.outputs}) == 4, "the samples should differ"
+
     @pytest.mark.spec("ENG-048", "ENG-041")
     def test_controls_apply_when_sampling(self, backend: Backend) -> None:
         """The batch above sampled at temperature :data:`COLD` with seeds: the controls shape

@@ -5,12 +5,13 @@ dict's salt (ENG-062), to prove ``pagedkv_conformance.test_engine_sampling`` and
 Four slips sit at the Engine Protocol, as rewritten requests: a presence penalty counted per
 occurrence is a frequency penalty, a frequency penalty counted once per token is a presence
 penalty, ``min_tokens`` one short is ``min_tokens - 1``, and a dropped salt is a prompt dict
-without its ``cache_salt``. Five cannot: a bias put in place of the logit, a repetition
+without its ``cache_salt``. Six cannot: a bias put in place of the logit, a repetition
 penalty blind to the prompt, presence and frequency penalties counting the prompt, controls
-applied to greedy rows only and an output folded into the prompt when its request is preempted
-live in the reference's sampler (and scheduler), whose ``apply_logit_bias``,
-``apply_penalties`` or ``processed_logits`` they replace for the duration of the engine's own
-sampling calls, so no other engine of the process is touched.
+applied to greedy rows only, an output folded into the prompt when its request is preempted and
+the samples of one request sharing one history live in the reference's sampler (and
+scheduler), whose ``apply_logit_bias``, ``apply_penalties`` or ``processed_logits`` they
+replace for the duration of the engine's own sampling calls, so no other engine of the process
+is touched.
 ``tests/test_sampling_mutants.py`` runs the suite tests each one names (``--backend
 sampling_mutants:<name>``) and expects each to fail.
 """
@@ -165,6 +166,27 @@ def _controls_on_greedy_rows_only(
     return processed
 
 
+def _siblings_share_the_first_output(
+    original: Callable[..., torch.Tensor],
+) -> Callable[..., torch.Tensor]:
+    """The reference's processed logits, with every sample of a parallel request (the rows
+    sharing one params object and prompt) penalised by the first sample's output: a history
+    kept per request instead of per sequence."""
+
+    def processed(
+        logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int] = frozenset()
+    ) -> torch.Tensor:
+        first: dict[tuple[int, tuple[int, ...]], Sequence[int]] = {}
+        shared = []
+        for row in rows:
+            key = (id(row.params), tuple(row.prompt_token_ids))
+            output = first.setdefault(key, row.output_token_ids)
+            shared.append(dataclasses.replace(row, output_token_ids=output))
+        return original(logits, shared, stop_ids)
+
+    return processed
+
+
 def _patch_sampler(engine: Any, name: str, make: Callable[[Any], Any]) -> None:
     """Make this engine's sampling use ``make(original)`` for ``pagedkv.engine.sampler.<name>``
     (which ``processed_logits`` calls), swapped in for each ``_sample_rows`` call only."""
@@ -235,6 +257,10 @@ def _adjust_output_folded_on_preemption(engine: Any) -> None:
         return processed
 
     _patch_sampler(engine, "processed_logits", rows_folded)
+
+
+def _adjust_shared_history(engine: Any) -> None:
+    _patch_sampler(engine, "processed_logits", _siblings_share_the_first_output)
 
 
 # -- the catalogue ---------------------------------------------------------------------------------
@@ -314,6 +340,11 @@ SAMPLING_MUTANTS: dict[str, SamplingMutant] = {
         "the output folded into the prompt on preemption",
         (SAMPLING + "test_controls_count_the_output_across_preemption",),
         adjust=_adjust_output_folded_on_preemption,
+    ),
+    "samples_share_one_history": _mutant(
+        "the samples of a request penalised by the first one's output",
+        (SAMPLING + "test_each_parallel_sample_counts_its_own_output",),
+        adjust=_adjust_shared_history,
     ),
     "min_tokens_one_short": _mutant(
         "min_tokens one short",
