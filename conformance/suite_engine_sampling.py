@@ -163,16 +163,18 @@ class EngineSamplingSuite:
         self.check(backend, greedy(repetition_penalty=penalty))
 
     @pytest.mark.spec("ENG-048")
-    def test_controls_together_in_one_batch(self, backend: Backend) -> None:
+    @pytest.mark.parametrize("mode", ["v1", "v0"])
+    def test_controls_together_in_one_batch(self, backend: Backend, mode: str) -> None:
         """Requests with different controls, and one with none, share every step: each
-        replays against its own reference."""
+        replays against its own reference, in v1 and in v0 (recomputing every step)."""
+        config = dataclasses.replace(CONFIG, mode="v0" if mode == "v0" else "v1")
         params = [
             greedy(logit_bias={2: 1.25, 5: -0.75}, presence_penalty=0.5),
             greedy(frequency_penalty=-0.3, repetition_penalty=1.5),
             greedy(),
             greedy(presence_penalty=-0.5, repetition_penalty=0.75, logit_bias={7: 0.25}),
         ]
-        outs = run_all(sampling_engine(backend), PROMPTS, params)
+        outs = run_all(sampling_engine(backend, config=config), PROMPTS, params)
         for prompt, sp, out in zip(PROMPTS, params, outs, strict=True):
             replay(prompt, sp, out.token_ids)
         assert list(outs[2].token_ids) == solo_greedy(PROMPTS[2], 24, VOCAB)

@@ -34,7 +34,8 @@ from pagedkv.engine.sampler import SampleRow
 
 SAMPLING = "test_engine_sampling::TestEngineSampling::"
 SALT = "test_engine_salt::TestEngineSalt::"
-BATCH = SAMPLING + "test_controls_together_in_one_batch"
+#: The mixed batch, in both modes.
+BATCH = tuple(SAMPLING + f"test_controls_together_in_one_batch[{m}]" for m in ("v1", "v0"))
 
 
 # -- requests rewritten at the Engine Protocol -------------------------------------------------
@@ -289,7 +290,7 @@ SAMPLING_MUTANTS: dict[str, SamplingMutant] = {
         (
             SAMPLING + "test_logit_bias_adds_to_the_logit[a]",
             SAMPLING + "test_logit_bias_adds_to_the_logit[b]",
-            BATCH,
+            *BATCH,
         ),
         adjust=_adjust_bias_replaces,
     ),
@@ -298,7 +299,7 @@ SAMPLING_MUTANTS: dict[str, SamplingMutant] = {
         (
             SAMPLING + "test_presence_penalty_counts_each_output_token_once[attracts]",
             SAMPLING + "test_presence_penalty_counts_each_output_token_once[repels]",
-            BATCH,
+            *BATCH,
         ),
         engine=PresencePerOccurrence,
     ),
@@ -307,7 +308,7 @@ SAMPLING_MUTANTS: dict[str, SamplingMutant] = {
         (
             SAMPLING + "test_frequency_penalty_counts_every_occurrence[attracts]",
             SAMPLING + "test_frequency_penalty_counts_every_occurrence[repels]",
-            BATCH,
+            *BATCH,
         ),
         engine=FrequencyPerPresence,
     ),
@@ -316,7 +317,7 @@ SAMPLING_MUTANTS: dict[str, SamplingMutant] = {
         (
             SAMPLING + "test_repetition_penalty_covers_the_prompt_and_the_output[repels]",
             SAMPLING + "test_repetition_penalty_covers_the_prompt_and_the_output[attracts]",
-            BATCH,
+            *BATCH,
         ),
         adjust=_adjust_output_only_repetition,
     ),
@@ -327,7 +328,7 @@ SAMPLING_MUTANTS: dict[str, SamplingMutant] = {
             SAMPLING + "test_presence_penalty_counts_each_output_token_once[repels]",
             SAMPLING + "test_frequency_penalty_counts_every_occurrence[attracts]",
             SAMPLING + "test_frequency_penalty_counts_every_occurrence[repels]",
-            BATCH,
+            *BATCH,
         ),
         adjust=_adjust_prompt_counted,
     ),
