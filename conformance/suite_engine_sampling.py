@@ -1,14 +1,16 @@
 """Engine conformance tests of the sampling controls (specs/engine.md ENG-048), on the hash model.
 
-Each test sets a control on greedy requests through the backend's own engine and replays every
-token it generated against :func:`~.sampling_reference.controlled_logits`, the control written
-from its definition: at each position the token must be the argmax of the reference's logits
-(to within float32 rounding). The stand-in model's logits are lifted so that the few most likely
+Each test sets a control on requests through the backend's own engine and replays every token
+it generated against :func:`~.sampling_reference.controlled_logits`, the control written from
+its definition: at each position the token must be the argmax of the reference's logits (to
+within float32 rounding for greedy requests; within :data:`COLD_TOLERANCE` for requests sampled
+at temperature :data:`COLD`). The stand-in model's logits are lifted so that the few most likely
 tokens are positive and the rest negative (the repetition penalty has two branches), and its
 vocabulary is small so that outputs repeat tokens (the penalties count them). Each test is built
 so that one plausible slip changes a token: a bias that replaces the logit instead of adding to
 it, a presence penalty counted per occurrence, a frequency penalty counted once per token, a
-repetition penalty blind to the prompt, ``min_tokens`` one short. Subclass
+repetition penalty blind to the prompt, ``min_tokens`` one short; and the controls hold on
+the sampled path, across preemption and for each sample of a parallel request. Subclass
 :class:`EngineSamplingSuite` to run these against an engine of yours.
 """
 
