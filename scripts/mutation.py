@@ -81,6 +81,8 @@ ENGINE_TESTS = (
     "conformance/test_engine_observers.py",
     "conformance/test_engine_isolation.py",
     "conformance/test_engine_parallel.py",
+    "conformance/test_engine_sampling.py",
+    "conformance/test_engine_salt.py",
 )
 
 PACKAGES: dict[str, Package] = {
