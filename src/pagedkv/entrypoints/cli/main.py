@@ -1,4 +1,4 @@
-"""The ``pagedkv`` command line: ``demo``, ``generate``, ``serve`` and ``bench``.
+"""The ``pagedkv`` command line: ``demo``, ``generate``, ``serve``, ``bench`` and ``certify``.
 
 Every error is reported as one line on stderr: exit status 2 for a malformed command line
 (unknown flag, missing or mistyped value), 1 for anything that fails while running (missing
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from pagedkv import __version__
+from pagedkv.entrypoints.cli import certify as cli_certify
 from pagedkv.entrypoints.cli import demo as cli_demo
 from pagedkv.entrypoints.cli import generate as cli_generate
 from pagedkv.entrypoints.cli import serve as cli_serve
@@ -65,6 +66,7 @@ def build_parser() -> OneLineParser:
     cli_generate.add_parser(commands)
     cli_serve.add_parser(commands)
     _add_bench(commands)
+    cli_certify.add_parser(commands)
     return parser
 
 

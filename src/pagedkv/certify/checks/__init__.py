@@ -1,0 +1,1 @@
+"""The checks of a certify run, one concept per module."""

@@ -1,0 +1,113 @@
+"""The HTTP client of a certify run: the server is a black box behind its OpenAI API."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from pagedkv.certify.errors import ServerUnreachable
+
+#: Seconds a single request may take before the run gives up on it (CRT-004).
+REQUEST_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A server's answer to one request.
+
+    Attributes:
+        status: the HTTP status code.
+        body: the decoded JSON body, or ``None`` when it is not JSON.
+        text: the raw body text (for reports).
+    """
+
+    status: int
+    body: Any
+    text: str
+
+
+class ServerClient:
+    """Requests to an OpenAI-compatible server at ``base_url`` (ending in ``/v1``).
+
+    Thread-safe: each call opens its own connection, so checks may send concurrently.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def post(self, path: str, body: dict[str, Any]) -> Answer:
+        """POST ``body`` as JSON to ``path`` (relative to the base URL).
+
+        Raises:
+            ServerUnreachable: no answer within the timeout.
+        """
+        try:
+            response = httpx.post(f"{self.base_url}{path}", json=body, timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"POST {self.base_url}{path}: {exc}") from exc
+        return _answer(response)
+
+    def post_raw(self, path: str, content: bytes) -> Answer:
+        """POST bytes as ``application/json`` as they are (for malformed bodies)."""
+        try:
+            response = httpx.post(
+                f"{self.base_url}{path}",
+                content=content,
+                headers={"Content-Type": "application/json"},
+                timeout=self.timeout_s,
+            )
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"POST {self.base_url}{path}: {exc}") from exc
+        return _answer(response)
+
+    def stream(self, path: str, body: dict[str, Any]) -> tuple[int, list[Any]]:
+        """POST ``body`` with ``stream: true``; ``(status, events)``: the decoded ``data:``
+        events before ``[DONE]`` (empty on an error status)."""
+        events: list[Any] = []
+        try:
+            with httpx.stream(
+                "POST", f"{self.base_url}{path}", json=body, timeout=self.timeout_s
+            ) as response:
+                if response.status_code != 200:
+                    response.read()
+                    return response.status_code, events
+                for line in response.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    payload = line[len("data: ") :]
+                    if payload == "[DONE]":
+                        break
+                    events.append(json.loads(payload))
+                return response.status_code, events
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"POST {self.base_url}{path} (stream): {exc}") from exc
+
+    def first_model(self) -> str:
+        """The first model ``GET /models`` lists.
+
+        Raises:
+            ServerUnreachable: no answer, or no model listed.
+        """
+        try:
+            response = httpx.get(f"{self.base_url}/models", timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"GET {self.base_url}/models: {exc}") from exc
+        answer = _answer(response)
+        try:
+            return str(answer.body["data"][0]["id"])
+        except (TypeError, KeyError, IndexError) as exc:
+            raise ServerUnreachable(
+                f"GET {self.base_url}/models listed no model: {answer.text[:200]}"
+            ) from exc
+
+
+def _answer(response: httpx.Response) -> Answer:
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = None
+    return Answer(response.status_code, body, response.text)
