@@ -1,0 +1,185 @@
+"""Servers made wrong on purpose for the certify tests: a loopback proxy in front of pagedkv's
+own server that forwards every request and corrupts what one ``Mutation`` says.
+
+Each mutation is a fault a real engine could have (a page of a shared prefix lost, one token
+of a response changed, usage miscounted, a stream's chunk lost, bad input answered 500); a
+certify run against the proxy must fail the check that covers it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request, Response
+
+from pagedkv.entrypoints.server.http import HTTPOptions, Server
+
+#: A body rewriter: the request body, or the response body, changed in place.
+Rewrite = Callable[[dict[str, Any]], None]
+
+
+class Mutation:
+    """What the proxy changes; the default changes nothing (a faithful proxy)."""
+
+    def request(self, path: str, body: dict[str, Any]) -> None:
+        """Change a request body before it is forwarded."""
+
+    def response(self, path: str, body: dict[str, Any]) -> None:
+        """Change a non-streamed 200 response body before it is returned."""
+
+    def status(self, status: int) -> int:
+        """The status returned for the upstream's ``status``."""
+        return status
+
+    def stream_event(self, index: int, payload: bytes) -> bytes | None:
+        """A streamed ``data:`` event (``None`` drops it)."""
+        return payload
+
+
+class DropSharedPage(Mutation):
+    """Loses one page of a shared prefix: a prompt whose first ``page`` tokens an earlier
+    prompt began with has its second page (tokens ``page`` to ``2 * page``) dropped, as an
+    engine that maps a cached page wrongly would compute it."""
+
+    def __init__(self, page: int) -> None:
+        self.page = page
+        self._seen: set[tuple[int, ...]] = set()
+        self._lock = threading.Lock()
+
+    def request(self, path: str, body: dict[str, Any]) -> None:
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, list) and len(prompt) > 2 * self.page):
+            return
+        head = tuple(prompt[: self.page])
+        with self._lock:
+            shared = head in self._seen
+            self._seen.add(head)
+        if shared:
+            body["prompt"] = prompt[: self.page] + prompt[2 * self.page :]
+
+
+class CorruptOneToken(Mutation):
+    """Changes the text of the first response whose text is long enough, from its middle on:
+    one wrong token, then everything after it follows from it."""
+
+    def __init__(self) -> None:
+        self._done = False
+        self._lock = threading.Lock()
+
+    def response(self, path: str, body: dict[str, Any]) -> None:
+        choices = body.get("choices") or []
+        text = choices[0].get("text", "") if choices else ""
+        if len(text) < 4:
+            return
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        middle = len(text) // 2
+        replacement = "#" if text[middle] != "#" else "@"
+        choices[0]["text"] = text[:middle] + replacement + text[middle + 1 :]
+
+
+class MiscountUsage(Mutation):
+    """Reports one completion token too many."""
+
+    def response(self, path: str, body: dict[str, Any]) -> None:
+        usage = body.get("usage")
+        if isinstance(usage, dict):
+            usage["completion_tokens"] += 1
+            usage["total_tokens"] += 1
+
+
+class DropStreamChunk(Mutation):
+    """Loses the second event of every stream."""
+
+    def stream_event(self, index: int, payload: bytes) -> bytes | None:
+        return None if index == 1 else payload
+
+
+class RefuseStreams(Mutation):
+    """A server without streaming: ``stream: true`` is answered 400 (a capability it lacks,
+    which certify must report as skipped, not passed)."""
+
+    def request(self, path: str, body: dict[str, Any]) -> None:
+        if body.get("stream"):
+            body["best_of"] = -1  # a request pagedkv's server answers 400
+
+
+class ServerErrorOnBadInput(Mutation):
+    """Answers 500 where the server answered 400 or 422."""
+
+    def status(self, status: int) -> int:
+        return 500 if status in (400, 422) else status
+
+
+def proxy_app(upstream: str, mutation: Mutation) -> FastAPI:
+    """A FastAPI app forwarding ``/v1/...`` to ``upstream`` (a base URL without ``/v1``)."""
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        async with httpx.AsyncClient(timeout=60) as client:
+            answer = await client.get(f"{upstream}/v1/models")
+        return Response(answer.content, answer.status_code, media_type="application/json")
+
+    @app.post("/v1/{path:path}")
+    async def forward(path: str, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            mutation.request(path, body)
+            raw = json.dumps(body).encode()
+        async with httpx.AsyncClient(timeout=120) as client:
+            if isinstance(body, dict) and body.get("stream"):
+                return await _forward_stream(client, f"{upstream}/v1/{path}", raw, mutation)
+            answer = await client.post(
+                f"{upstream}/v1/{path}", content=raw, headers={"Content-Type": "application/json"}
+            )
+        content = answer.content
+        if answer.status_code == 200:
+            decoded = json.loads(content)
+            mutation.response(path, decoded)
+            content = json.dumps(decoded).encode()
+        return Response(content, mutation.status(answer.status_code), media_type="application/json")
+
+    return app
+
+
+async def _forward_stream(
+    client: httpx.AsyncClient, url: str, raw: bytes, mutation: Mutation
+) -> Response:
+    """The whole upstream stream, read then returned with the mutation's events."""
+    answer = await client.post(url, content=raw, headers={"Content-Type": "application/json"})
+    events = [e for e in answer.content.split(b"\n\n") if e.startswith(b"data: ")]
+    kept = [mutation.stream_event(i, e) for i, e in enumerate(events)]
+    body = b"".join(e + b"\n\n" for e in kept if e is not None)
+    return Response(body, mutation.status(answer.status_code), media_type="text/event-stream")
+
+
+@contextmanager
+def proxy(upstream: str, mutation: Mutation) -> Iterator[str]:
+    """A proxy on a free loopback port until the block ends; yields its ``/v1`` base URL."""
+    server = Server(proxy_app(upstream, mutation), HTTPOptions(port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive(), "the proxy thread ended"
+        assert time.monotonic() < deadline, "the proxy did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(30)
