@@ -8,6 +8,7 @@ certify run against the proxy must fail the check that covers it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -32,6 +33,11 @@ class Mutation:
 
     def response(self, path: str, body: dict[str, Any]) -> None:
         """Change a non-streamed 200 response body before it is returned."""
+
+    async def exchange(self, path: str, body: dict[str, Any]) -> None:
+        """Change a non-streamed 200 response body, on the proxy's event loop (it may wait
+        for other responses)."""
+        self.response(path, body)
 
     def status(self, status: int) -> int:
         """The status returned for the upstream's ``status``."""
@@ -86,6 +92,35 @@ class CorruptOneToken(Mutation):
         choices[0]["text"] = text[:middle] + replacement + text[middle + 1 :]
 
 
+class SwapTwoResponses(Mutation):
+    """Gives two concurrent requests each other's text, once: the first response waits (at
+    most :attr:`WAIT_S` seconds) for the next one, and they swap, as an engine that mixes up
+    two sequences' rows would answer."""
+
+    WAIT_S = 10.0
+
+    def __init__(self) -> None:
+        self._waiting: tuple[dict[str, Any], asyncio.Event] | None = None
+        self._done = False
+
+    async def exchange(self, path: str, body: dict[str, Any]) -> None:
+        if self._done or not body.get("choices"):
+            return
+        if self._waiting is None:
+            partner_arrived = asyncio.Event()
+            self._waiting = (body, partner_arrived)
+            try:
+                await asyncio.wait_for(partner_arrived.wait(), self.WAIT_S)
+            except TimeoutError:
+                self._waiting = None
+            return
+        other, partner_arrived = self._waiting
+        self._done = True
+        mine, theirs = body["choices"][0], other["choices"][0]
+        mine["text"], theirs["text"] = theirs["text"], mine["text"]
+        partner_arrived.set()
+
+
 class MiscountUsage(Mutation):
     """Reports one completion token too many."""
 
@@ -110,6 +145,22 @@ class RefuseStreams(Mutation):
     def request(self, path: str, body: dict[str, Any]) -> None:
         if body.get("stream"):
             body["best_of"] = -1  # a request pagedkv's server answers 400
+
+
+class IgnoreCacheSalt(Mutation):
+    """Drops ``cache_salt``: every tenant shares one prefix cache."""
+
+    def request(self, path: str, body: dict[str, Any]) -> None:
+        body.pop("cache_salt", None)
+
+
+class ClaimEveryPromptCached(Mutation):
+    """Reports every prompt token as cached, seen before or not."""
+
+    def response(self, path: str, body: dict[str, Any]) -> None:
+        usage = body.get("usage")
+        if isinstance(usage, dict):
+            usage["prompt_tokens_details"] = {"cached_tokens": usage["prompt_tokens"]}
 
 
 class ServerErrorOnBadInput(Mutation):
@@ -148,7 +199,7 @@ def proxy_app(upstream: str, mutation: Mutation) -> FastAPI:
         content = answer.content
         if answer.status_code == 200:
             decoded = json.loads(content)
-            mutation.response(path, decoded)
+            await mutation.exchange(path, decoded)
             content = json.dumps(decoded).encode()
         return Response(content, mutation.status(answer.status_code), media_type="application/json")
 

@@ -11,13 +11,16 @@ from pathlib import Path
 
 import pytest
 from certify_proxy import (
+    ClaimEveryPromptCached,
     CorruptOneToken,
     DropSharedPage,
     DropStreamChunk,
+    IgnoreCacheSalt,
     MiscountUsage,
     Mutation,
     RefuseStreams,
     ServerErrorOnBadInput,
+    SwapTwoResponses,
     proxy,
 )
 from server_harness import running, wait_idle
@@ -31,6 +34,7 @@ from pagedkv.certify.checks.greedy_paging import (
     SamePromptCheck,
 )
 from pagedkv.certify.checks.greedy_requests import judge
+from pagedkv.certify.checks.prefix_cache import CachedTokensCheck, CacheSaltCheck
 from pagedkv.certify.checks.streaming import StreamAddsUpCheck
 from pagedkv.certify.checks.usage import UsageCheck
 from pagedkv.certify.context import Check
@@ -44,10 +48,10 @@ from pagedkv.entrypoints.server.app import create_app
 from pagedkv.entrypoints.server.async_engine import AsyncEngine
 
 MODEL = "certified-model"
-#: Small pages and pool, a small token budget per step: the quick profile's 4 long requests
-#: (96 + 8 tokens, 26 pages each) cannot all fit in 64 pages, so the engine preempts, and each
-#: 96-token prompt is prefilled in chunks of at most 48 tokens.
-CONFIG = EngineConfig(page_size=4, num_pages=64, max_num_batched_tokens=48, max_model_len=512)
+#: Small pages and pool, a small token budget per step: no two of the quick profile's 4 long
+#: requests (96 + 8 tokens, 26 pages each) fit in 40 pages together, so the engine preempts
+#: whenever two overlap, and each 96-token prompt is prefilled in chunks of at most 48 tokens.
+CONFIG = EngineConfig(page_size=4, num_pages=40, max_num_batched_tokens=48, max_model_len=160)
 #: The page size of CONFIG, which DropSharedPage loses one of.
 PAGE = 4
 
@@ -77,7 +81,7 @@ def only(report: CertifyReport, name: str) -> Verdict:
 
 
 @pytest.mark.spec("CRT-002", "CRT-003", "CRT-004", "CRT-010", "CRT-012")
-@pytest.mark.spec("CRT-020", "CRT-021", "CRT-022")
+@pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
 def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: Path) -> None:
     out = tmp_path / "report"
     status = main(
@@ -93,6 +97,8 @@ def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: P
         "usage_counts": "pass",
         "stream_adds_up": "pass",
         "bad_input_is_4xx": "pass",
+        "cached_tokens_reported": "pass",
+        "cache_salt_isolation": "pass",
     }, report
     assert status == 0
     assert report["passed"] is True
@@ -123,6 +129,17 @@ def test_a_lost_page_of_a_shared_prefix_fails_with_the_first_diverging_token(
     assert report.exit_status == 1
 
 
+@pytest.mark.spec("CRT-010", "CRT-011")
+def test_two_concurrent_requests_given_each_others_text_fail(served: Served) -> None:
+    with proxy(served.url, SwapTwoResponses()) as url:
+        report = run_against(url, served, [PageBoundaryCheck()])
+    (result,) = report.results
+    assert result.verdict is Verdict.FAIL, result
+    assert result.divergence is not None
+    assert result.divergence.reference_text != result.divergence.server_text
+    assert "2 of 12 requests fail" in result.detail
+
+
 @pytest.mark.spec("CRT-011", "CRT-012")
 @pytest.mark.parametrize("check", [SamePromptCheck(), LongConcurrentCheck()])
 def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -> None:
@@ -135,13 +152,15 @@ def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -
     assert result.divergence.server_text[0] in "#@"
 
 
-@pytest.mark.spec("CRT-020", "CRT-021", "CRT-022")
+@pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
 @pytest.mark.parametrize(
     ("mutation", "check"),
     [
         (MiscountUsage(), UsageCheck()),
         (DropStreamChunk(), StreamAddsUpCheck()),
         (ServerErrorOnBadInput(), BadInputCheck()),
+        (ClaimEveryPromptCached(), CachedTokensCheck()),
+        (IgnoreCacheSalt(), CacheSaltCheck()),
     ],
 )
 def test_each_semantic_fault_fails_its_check(

@@ -26,12 +26,15 @@ class CertifyContext:
         reference: the checkpoint run by transformers.
         model: the name requests give as ``model``.
         profile: the run's sizes.
+        fresh_seed: drawn anew for every run: the seed of prompts that must be new to the
+            server (a prefix cache check cannot reuse a prompt an earlier run sent).
     """
 
     client: ServerClient
     reference: Reference
     model: str
     profile: Profile
+    fresh_seed: int
 
     def in_parallel(self, work: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """``work`` on every item, at most ``profile.concurrency`` at once; results in order."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from pagedkv.certify.checks.greedy_paging import (
     PageBoundaryCheck,
     SamePromptCheck,
 )
+from pagedkv.certify.checks.prefix_cache import CachedTokensCheck, CacheSaltCheck
 from pagedkv.certify.checks.streaming import StreamAddsUpCheck
 from pagedkv.certify.checks.usage import UsageCheck
 from pagedkv.certify.client import ServerClient
@@ -47,6 +49,8 @@ def all_checks() -> list[Check]:
         UsageCheck(),
         StreamAddsUpCheck(),
         BadInputCheck(),
+        CachedTokensCheck(),
+        CacheSaltCheck(),
     ]
 
 
@@ -60,6 +64,6 @@ def certify(options: CertifyOptions, checks: Sequence[Check] | None = None) -> C
     model = options.served_model_name or client.first_model()
     reference = Reference(options.model_dir)
     profile = QUICK if options.quick else FULL
-    context = CertifyContext(client, reference, model, profile)
+    context = CertifyContext(client, reference, model, profile, secrets.randbits(31))
     results = tuple(check.run(context) for check in (checks or all_checks()))
     return CertifyReport(options.url, str(options.model_dir), model, profile.name, results)
