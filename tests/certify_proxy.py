@@ -163,6 +163,16 @@ class ClaimEveryPromptCached(Mutation):
             usage["prompt_tokens_details"] = {"cached_tokens": usage["prompt_tokens"]}
 
 
+class DropField(Mutation):
+    """Drops one field from every request: a server that ignores it."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def request(self, path: str, body: dict[str, Any]) -> None:
+        body.pop(self.field, None)
+
+
 class ServerErrorOnBadInput(Mutation):
     """Answers 500 where the server answered 400 or 422."""
 

@@ -13,6 +13,7 @@ import pytest
 from certify_proxy import (
     ClaimEveryPromptCached,
     CorruptOneToken,
+    DropField,
     DropSharedPage,
     DropStreamChunk,
     IgnoreCacheSalt,
@@ -35,6 +36,13 @@ from pagedkv.certify.checks.greedy_paging import (
 )
 from pagedkv.certify.checks.greedy_requests import judge
 from pagedkv.certify.checks.prefix_cache import CachedTokensCheck, CacheSaltCheck
+from pagedkv.certify.checks.request_fields import (
+    EchoCheck,
+    MinTokensCheck,
+    ParallelChoicesCheck,
+    StopStringCheck,
+    StopTokenCheck,
+)
 from pagedkv.certify.checks.streaming import StreamAddsUpCheck
 from pagedkv.certify.checks.usage import UsageCheck
 from pagedkv.certify.context import Check
@@ -82,6 +90,7 @@ def only(report: CertifyReport, name: str) -> Verdict:
 
 @pytest.mark.spec("CRT-002", "CRT-003", "CRT-004", "CRT-010", "CRT-012")
 @pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
+@pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027")
 def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: Path) -> None:
     out = tmp_path / "report"
     status = main(
@@ -95,6 +104,11 @@ def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: P
         "greedy_same_prompt_many_clients": "pass",
         "greedy_long_concurrent": "pass",
         "usage_counts": "pass",
+        "stop_string": "pass",
+        "stop_token_ids": "pass",
+        "min_tokens": "pass",
+        "n_choices": "pass",
+        "echo": "pass",
         "stream_adds_up": "pass",
         "bad_input_is_4xx": "pass",
         "cached_tokens_reported": "pass",
@@ -153,6 +167,7 @@ def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -
 
 
 @pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
+@pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027")
 @pytest.mark.parametrize(
     ("mutation", "check"),
     [
@@ -161,6 +176,11 @@ def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -
         (ServerErrorOnBadInput(), BadInputCheck()),
         (ClaimEveryPromptCached(), CachedTokensCheck()),
         (IgnoreCacheSalt(), CacheSaltCheck()),
+        (DropField("stop"), StopStringCheck()),
+        (DropField("stop_token_ids"), StopTokenCheck()),
+        (DropField("min_tokens"), MinTokensCheck()),
+        (DropField("n"), ParallelChoicesCheck()),
+        (DropField("echo"), EchoCheck()),
     ],
 )
 def test_each_semantic_fault_fails_its_check(

@@ -14,6 +14,13 @@ from pagedkv.certify.checks.greedy_paging import (
     SamePromptCheck,
 )
 from pagedkv.certify.checks.prefix_cache import CachedTokensCheck, CacheSaltCheck
+from pagedkv.certify.checks.request_fields import (
+    EchoCheck,
+    MinTokensCheck,
+    ParallelChoicesCheck,
+    StopStringCheck,
+    StopTokenCheck,
+)
 from pagedkv.certify.checks.streaming import StreamAddsUpCheck
 from pagedkv.certify.checks.usage import UsageCheck
 from pagedkv.certify.client import ServerClient
@@ -47,6 +54,11 @@ def all_checks() -> list[Check]:
         SamePromptCheck(),
         LongConcurrentCheck(),
         UsageCheck(),
+        StopStringCheck(),
+        StopTokenCheck(),
+        MinTokensCheck(),
+        ParallelChoicesCheck(),
+        EchoCheck(),
         StreamAddsUpCheck(),
         BadInputCheck(),
         CachedTokensCheck(),
