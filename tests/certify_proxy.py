@@ -28,6 +28,10 @@ Rewrite = Callable[[dict[str, Any]], None]
 class Mutation:
     """What the proxy changes; the default changes nothing (a faithful proxy)."""
 
+    def refuse(self, path: str, body: dict[str, Any]) -> int | None:
+        """A status to answer with instead of forwarding the request, or ``None``."""
+        return None
+
     def request(self, path: str, body: dict[str, Any]) -> None:
         """Change a request body before it is forwarded."""
 
@@ -46,6 +50,10 @@ class Mutation:
     def stream_event(self, index: int, payload: bytes) -> bytes | None:
         """A streamed ``data:`` event (``None`` drops it)."""
         return payload
+
+    def metrics(self, text: str) -> str:
+        """The ``/metrics`` text returned for the upstream's ``text``."""
+        return text
 
 
 class DropSharedPage(Mutation):
@@ -173,6 +181,42 @@ class DropField(Mutation):
         body.pop(self.field, None)
 
 
+class LeakKVOnStreams(Mutation):
+    """Once a stream was forwarded, reports half the KV cache more in use than the upstream:
+    a server whose streamed requests never give their pages back."""
+
+    def __init__(self) -> None:
+        self._streamed = False
+
+    def request(self, path: str, body: dict[str, Any]) -> None:
+        self._streamed = self._streamed or bool(body.get("stream"))
+
+    def metrics(self, text: str) -> str:
+        if not self._streamed:
+            return text
+        lines = []
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name == "vllm:kv_cache_usage_perc" or name.startswith("vllm:kv_cache_usage_perc{"):
+                line = f"{name} {float(value) + 0.5}"
+            lines.append(line)
+        return "\n".join(lines) + "\n"
+
+
+class BrokenAfterStreams(Mutation):
+    """Answers 503 to every request after a stream was forwarded: a server that a client
+    going away leaves unable to serve."""
+
+    def __init__(self) -> None:
+        self._streamed = False
+
+    def refuse(self, path: str, body: dict[str, Any]) -> int | None:
+        if body.get("stream"):
+            self._streamed = True
+            return None
+        return 503 if self._streamed else None
+
+
 class ServerErrorOnBadInput(Mutation):
     """Answers 500 where the server answered 400 or 422."""
 
@@ -190,6 +234,12 @@ def proxy_app(upstream: str, mutation: Mutation) -> FastAPI:
             answer = await client.get(f"{upstream}/v1/models")
         return Response(answer.content, answer.status_code, media_type="application/json")
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        async with httpx.AsyncClient(timeout=60) as client:
+            answer = await client.get(f"{upstream}/metrics")
+        return Response(mutation.metrics(answer.text), answer.status_code, media_type="text/plain")
+
     @app.post("/v1/{path:path}")
     async def forward(path: str, request: Request) -> Response:
         raw = await request.body()
@@ -198,6 +248,9 @@ def proxy_app(upstream: str, mutation: Mutation) -> FastAPI:
         except ValueError:
             body = None
         if isinstance(body, dict):
+            refused = mutation.refuse(path, body)
+            if refused is not None:
+                return Response(b'{"error": "refused"}', refused, media_type="application/json")
             mutation.request(path, body)
             raw = json.dumps(body).encode()
         async with httpx.AsyncClient(timeout=120) as client:

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 from certify_proxy import (
+    BrokenAfterStreams,
     ClaimEveryPromptCached,
     CorruptOneToken,
     DropField,
     DropSharedPage,
     DropStreamChunk,
     IgnoreCacheSalt,
+    LeakKVOnStreams,
     MiscountUsage,
     Mutation,
     RefuseStreams,
@@ -29,6 +31,7 @@ from serving_models import tiny_chat_model
 
 from pagedkv.backend import load_engine
 from pagedkv.certify.checks.bad_input import BadInputCheck
+from pagedkv.certify.checks.disconnect import DisconnectCheck, DisconnectFreesKVCheck
 from pagedkv.certify.checks.greedy_paging import (
     LongConcurrentCheck,
     PageBoundaryCheck,
@@ -90,7 +93,7 @@ def only(report: CertifyReport, name: str) -> Verdict:
 
 @pytest.mark.spec("CRT-002", "CRT-003", "CRT-004", "CRT-010", "CRT-012")
 @pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
-@pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027")
+@pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027", "CRT-040", "CRT-041")
 def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: Path) -> None:
     out = tmp_path / "report"
     status = main(
@@ -113,6 +116,8 @@ def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: P
         "bad_input_is_4xx": "pass",
         "cached_tokens_reported": "pass",
         "cache_salt_isolation": "pass",
+        "disconnect_mid_stream": "pass",
+        "disconnect_frees_kv": "pass",
     }, report
     assert status == 0
     assert report["passed"] is True
@@ -167,7 +172,7 @@ def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -
 
 
 @pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
-@pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027")
+@pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027", "CRT-040", "CRT-041")
 @pytest.mark.parametrize(
     ("mutation", "check"),
     [
@@ -181,6 +186,8 @@ def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -
         (DropField("min_tokens"), MinTokensCheck()),
         (DropField("n"), ParallelChoicesCheck()),
         (DropField("echo"), EchoCheck()),
+        (BrokenAfterStreams(), DisconnectCheck()),
+        (LeakKVOnStreams(), DisconnectFreesKVCheck()),
     ],
 )
 def test_each_semantic_fault_fails_its_check(

@@ -86,6 +86,29 @@ class ServerClient:
         except httpx.HTTPError as exc:
             raise ServerUnreachable(f"POST {self.base_url}{path} (stream): {exc}") from exc
 
+    def open_stream_and_leave(self, path: str, body: dict[str, Any]) -> int:
+        """POST ``body`` with ``stream: true``, read the first event, then close the
+        connection mid-stream (a client that goes away); returns the status."""
+        try:
+            with httpx.stream(
+                "POST", f"{self.base_url}{path}", json=body, timeout=self.timeout_s
+            ) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        break
+                return response.status_code
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"POST {self.base_url}{path} (stream): {exc}") from exc
+
+    def metrics(self) -> str | None:
+        """The Prometheus text of ``/metrics`` (next to ``/v1``), or ``None`` without one."""
+        root = self.base_url.removesuffix("/v1")
+        try:
+            response = httpx.get(f"{root}/metrics", timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"GET {root}/metrics: {exc}") from exc
+        return response.text if response.status_code == 200 else None
+
     def first_model(self) -> str:
         """The first model ``GET /models`` lists.
 

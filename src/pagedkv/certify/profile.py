@@ -18,6 +18,7 @@ class Profile:
         long_prompt_tokens: prompt length of each long request (meant to be prefilled in
             chunks).
         concurrency: requests in flight at once, at most.
+        settle_s: seconds the KV usage gets to come back to idle after clients leave.
     """
 
     name: str
@@ -27,6 +28,7 @@ class Profile:
     long_requests: int
     long_prompt_tokens: int
     concurrency: int
+    settle_s: float
 
 
 QUICK = Profile(
@@ -37,6 +39,7 @@ QUICK = Profile(
     long_requests=4,
     long_prompt_tokens=96,
     concurrency=8,
+    settle_s=5.0,
 )
 
 FULL = Profile(
@@ -47,4 +50,5 @@ FULL = Profile(
     long_requests=16,
     long_prompt_tokens=384,
     concurrency=16,
+    settle_s=15.0,
 )

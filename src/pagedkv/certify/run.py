@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedkv.certify.checks.bad_input import BadInputCheck
+from pagedkv.certify.checks.disconnect import DisconnectCheck, DisconnectFreesKVCheck
 from pagedkv.certify.checks.greedy_paging import (
     LongConcurrentCheck,
     PageBoundaryCheck,
@@ -63,6 +64,8 @@ def all_checks() -> list[Check]:
         BadInputCheck(),
         CachedTokensCheck(),
         CacheSaltCheck(),
+        DisconnectCheck(),
+        DisconnectFreesKVCheck(),
     ]
 
 
