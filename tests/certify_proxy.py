@@ -217,6 +217,16 @@ class BrokenAfterStreams(Mutation):
         return 503 if self._streamed else None
 
 
+class ShiftLogprobs(Mutation):
+    """Adds 0.01 nats to one log-probability of each response (its last)."""
+
+    def response(self, path: str, body: dict[str, Any]) -> None:
+        for choice in body.get("choices") or []:
+            values = (choice.get("logprobs") or {}).get("token_logprobs")
+            if values:
+                values[-1] += 0.01
+
+
 class ServerErrorOnBadInput(Mutation):
     """Answers 500 where the server answered 400 or 422."""
 

@@ -23,6 +23,7 @@ from certify_proxy import (
     Mutation,
     RefuseStreams,
     ServerErrorOnBadInput,
+    ShiftLogprobs,
     SwapTwoResponses,
     proxy,
 )
@@ -38,6 +39,7 @@ from pagedkv.certify.checks.greedy_paging import (
     SamePromptCheck,
 )
 from pagedkv.certify.checks.greedy_requests import judge
+from pagedkv.certify.checks.logprobs import LogprobsCheck, PromptLogprobsCheck
 from pagedkv.certify.checks.prefix_cache import CachedTokensCheck, CacheSaltCheck
 from pagedkv.certify.checks.request_fields import (
     EchoCheck,
@@ -94,6 +96,7 @@ def only(report: CertifyReport, name: str) -> Verdict:
 @pytest.mark.spec("CRT-002", "CRT-003", "CRT-004", "CRT-010", "CRT-012")
 @pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
 @pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027", "CRT-040", "CRT-041")
+@pytest.mark.spec("CRT-050", "CRT-051")
 def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: Path) -> None:
     out = tmp_path / "report"
     status = main(
@@ -116,6 +119,8 @@ def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: P
         "bad_input_is_4xx": "pass",
         "cached_tokens_reported": "pass",
         "cache_salt_isolation": "pass",
+        "output_logprobs": "pass",
+        "prompt_logprobs": "pass",
         "disconnect_mid_stream": "pass",
         "disconnect_frees_kv": "pass",
     }, report
@@ -173,6 +178,7 @@ def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -
 
 @pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
 @pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027", "CRT-040", "CRT-041")
+@pytest.mark.spec("CRT-050", "CRT-051")
 @pytest.mark.parametrize(
     ("mutation", "check"),
     [
@@ -188,6 +194,8 @@ def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -
         (DropField("echo"), EchoCheck()),
         (BrokenAfterStreams(), DisconnectCheck()),
         (LeakKVOnStreams(), DisconnectFreesKVCheck()),
+        (ShiftLogprobs(), LogprobsCheck()),
+        (ShiftLogprobs(), PromptLogprobsCheck()),
     ],
 )
 def test_each_semantic_fault_fails_its_check(

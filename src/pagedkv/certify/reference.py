@@ -19,6 +19,10 @@ import torch
 #: checkpoint is served in: float32 kernels agree to ``1e-4`` per logit (specs/golden.md), so
 #: two logits may swap within ten times that; 16-bit ones within two bfloat16 steps (GLD-022).
 TIE_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5, "float16": 0.5}
+#: Largest difference (nats) a server's log-probability may have from the reference's, by
+#: dtype: a log-softmax moves by at most twice its logits' error (``1e-4`` in float32, a few
+#: hundredths in 16 bits, specs/golden.md), with room for a server's own kernels.
+LOGPROB_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
 
 #: What a tokenizer decodes an incomplete UTF-8 sequence to.
 INCOMPLETE = "\ufffd"
@@ -69,6 +73,20 @@ class Reference:
     def tie_tolerance(self) -> float:
         """The top-2 margin within which a divergence is a tie (logit units)."""
         return TIE_TOLERANCE.get(self.dtype, TIE_TOLERANCE["bfloat16"])
+
+    @property
+    def logprob_tolerance(self) -> float:
+        """The largest allowed log-probability difference (nats)."""
+        return LOGPROB_TOLERANCE.get(self.dtype, LOGPROB_TOLERANCE["bfloat16"])
+
+    def sequence_logprobs(self, token_ids: tuple[int, ...]) -> tuple[float, ...]:
+        """The log-probability of each token of ``token_ids`` after the ones before it (the
+        first token has none: the result is one shorter), from one forward pass."""
+        with torch.no_grad():
+            logits = self.model(input_ids=torch.tensor([list(token_ids)]), use_cache=False).logits
+        logprobs = torch.log_softmax(logits[0, :-1].float(), dim=-1)
+        chosen = logprobs.gather(1, torch.tensor(token_ids[1:]).unsqueeze(1)).squeeze(1)
+        return tuple(float(x) for x in chosen)
 
     def greedy(self, prompt: tuple[int, ...], max_tokens: int) -> ReferenceRun:
         """The greedy continuation of ``prompt``, ``max_tokens`` tokens long (cached).

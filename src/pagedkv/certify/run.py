@@ -14,6 +14,7 @@ from pagedkv.certify.checks.greedy_paging import (
     PageBoundaryCheck,
     SamePromptCheck,
 )
+from pagedkv.certify.checks.logprobs import LogprobsCheck, PromptLogprobsCheck
 from pagedkv.certify.checks.prefix_cache import CachedTokensCheck, CacheSaltCheck
 from pagedkv.certify.checks.request_fields import (
     EchoCheck,
@@ -64,6 +65,8 @@ def all_checks() -> list[Check]:
         BadInputCheck(),
         CachedTokensCheck(),
         CacheSaltCheck(),
+        LogprobsCheck(),
+        PromptLogprobsCheck(),
         DisconnectCheck(),
         DisconnectFreesKVCheck(),
     ]
