@@ -48,6 +48,7 @@ from pagedkv.certify.checks.request_fields import (
     StopStringCheck,
     StopTokenCheck,
 )
+from pagedkv.certify.checks.seeded import SeededSamplingCheck
 from pagedkv.certify.checks.streaming import StreamAddsUpCheck
 from pagedkv.certify.checks.usage import UsageCheck
 from pagedkv.certify.context import Check
@@ -96,7 +97,7 @@ def only(report: CertifyReport, name: str) -> Verdict:
 @pytest.mark.spec("CRT-002", "CRT-003", "CRT-004", "CRT-010", "CRT-012")
 @pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
 @pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027", "CRT-040", "CRT-041")
-@pytest.mark.spec("CRT-050", "CRT-051")
+@pytest.mark.spec("CRT-050", "CRT-051", "CRT-060")
 def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: Path) -> None:
     out = tmp_path / "report"
     status = main(
@@ -121,6 +122,7 @@ def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: P
         "cache_salt_isolation": "pass",
         "output_logprobs": "pass",
         "prompt_logprobs": "pass",
+        "seeded_sampling_reproducible": "pass",
         "disconnect_mid_stream": "pass",
         "disconnect_frees_kv": "pass",
     }, report
@@ -178,7 +180,7 @@ def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -
 
 @pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
 @pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027", "CRT-040", "CRT-041")
-@pytest.mark.spec("CRT-050", "CRT-051")
+@pytest.mark.spec("CRT-050", "CRT-051", "CRT-060")
 @pytest.mark.parametrize(
     ("mutation", "check"),
     [
@@ -196,6 +198,7 @@ def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -
         (LeakKVOnStreams(), DisconnectFreesKVCheck()),
         (ShiftLogprobs(), LogprobsCheck()),
         (ShiftLogprobs(), PromptLogprobsCheck()),
+        (DropField("seed"), SeededSamplingCheck()),
     ],
 )
 def test_each_semantic_fault_fails_its_check(

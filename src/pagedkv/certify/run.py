@@ -23,6 +23,7 @@ from pagedkv.certify.checks.request_fields import (
     StopStringCheck,
     StopTokenCheck,
 )
+from pagedkv.certify.checks.seeded import SeededSamplingCheck
 from pagedkv.certify.checks.streaming import StreamAddsUpCheck
 from pagedkv.certify.checks.usage import UsageCheck
 from pagedkv.certify.client import ServerClient
@@ -67,6 +68,7 @@ def all_checks() -> list[Check]:
         CacheSaltCheck(),
         LogprobsCheck(),
         PromptLogprobsCheck(),
+        SeededSamplingCheck(),
         DisconnectCheck(),
         DisconnectFreesKVCheck(),
     ]
