@@ -9,7 +9,7 @@ BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
 .PHONY: install demo test conformance conformance-compiled conformance-tp conformance-vllm vllm-install \
-	typecheck lint clean bench bench-gate chaos mutation
+	typecheck lint clean bench bench-gate chaos mutation certify
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,11 @@ test: install
 
 conformance: install
 	$(BIN)/pytest $(CONFORMANCE_ARGS)
+
+# `pagedkv certify --quick` against pagedkv's own server on a tiny checkpoint, and against
+# servers made wrong on purpose, each of which must fail (specs/certify.md; in `make test`).
+certify: install
+	$(BIN)/pytest -q tests/test_certify.py
 
 # Faults under load against the real server (tests/chaos.py): prints requests sent, faults
 # injected, requests failed that should not have been and KV pages in use after (both must be
