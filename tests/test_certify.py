@@ -151,6 +151,12 @@ def test_a_lost_page_of_a_shared_prefix_fails_with_the_first_diverging_token(
     assert len(result.request["prompt"]) > 2 * PAGE
     markdown = report.to_markdown()
     assert f"First diverging token: index {result.divergence.index}" in markdown
+    (written,) = report.to_json()["results"]
+    assert written["verdict"] == "fail"
+    assert written["request"] == result.request
+    assert written["divergence"]["index"] == result.divergence.index
+    assert written["divergence"]["server_text"] == result.divergence.server_text
+    assert written["divergence"]["margin"] == result.divergence.margin
     assert json.dumps(result.request) in markdown
     assert report.exit_status == 1
 
