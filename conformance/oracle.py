@@ -22,14 +22,18 @@ Where the spec leaves no choice:
 * committing a page whose prefix another sequence already published (same parent) keeps the
   other page's entry, leaves this page unpublished and continues the chain from the other entry;
 * fresh pages come from the free list first, then by evicting the least recently released
-  cached page that the same allocation does not hit (KVM-024, KVM-026);
+  cached page that the same allocation does not hit (KVM-024, KVM-026); under the declared
+  departure ``eviction=one-queue`` every unheld page, cached or free, waits in one queue,
+  least recently released first, and a fresh page is its first page not hit by the same
+  allocation, evicted if cached;
 * a fork (KVM-037) shares the parent's full pages, takes the copy of a partial last page like
   any fresh page, and continues the parent's chain; a page two forked sequences share is
   published by whichever commits it first (the other finds the entry, as for a duplicate).
 
 A page is *in flight* (KVM-036) for a live sequence from its allocation until it commits the
 page, frees, or stops publishing: the full pages of the prompt it was allocated for, after its
-hits. The oracle finds them by comparing the queried prompt with every live sequence's prompt.
+hits. The oracle finds them by comparing the queried prompt with every live sequence's prompt;
+under the declared departure ``in-flight=untracked`` a match reports none.
 Every successful state change bumps a version, which a match carries (KVM-035).
 
 Physical page ids are the oracle's own; the state machine relates them to the backend's.
@@ -37,7 +41,7 @@ Physical page ids are the oracle's own; the state machine relates them to the ba
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pagedkv.errors import (
@@ -50,6 +54,8 @@ from pagedkv.errors import (
     UnknownSequence,
 )
 from pagedkv.interfaces import KVStats
+
+from .variants import EVICTION, IN_FLIGHT, ORPHANS
 
 #: (cache salt, every token id from the start of the prompt to the end of the page)
 PrefixKey = tuple[str | None, tuple[int, ...]]
@@ -119,6 +125,21 @@ def pages_for(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
 
 
+def oracle_following(
+    variants: Mapping[str, str], num_pages: int, page_size: int, enable_prefix_caching: bool
+) -> KVOracle:
+    """A fresh oracle following every declared choice it models (``variants``, completed with
+    the defaults where a name is missing): ``orphans``, ``in-flight`` and ``eviction``."""
+    return KVOracle(
+        num_pages,
+        page_size,
+        enable_prefix_caching,
+        orphans=variants.get(ORPHANS.name, ORPHANS.default),
+        in_flight=variants.get(IN_FLIGHT.name, IN_FLIGHT.default),
+        eviction=variants.get(EVICTION.name, EVICTION.default),
+    )
+
+
 class KVOracle:
     """The model. Methods mirror :class:`pagedkv.interfaces.KVManager` and raise the same
     typed errors, having changed nothing."""
@@ -129,16 +150,26 @@ class KVOracle:
         page_size: int,
         enable_prefix_caching: bool,
         orphans: str = "block",
+        in_flight: str = "tracked",
+        eviction: str = "free-first",
     ) -> None:
         if orphans not in ("block", "detach", "reattach"):
             raise ValueError(f"unknown orphans policy {orphans!r}")
+        if in_flight not in ("tracked", "untracked"):
+            raise ValueError(f"unknown in-flight choice {in_flight!r}")
+        if eviction not in ("free-first", "one-queue"):
+            raise ValueError(f"unknown eviction choice {eviction!r}")
+        self.one_queue = eviction == "one-queue"
         self.orphans = orphans
+        self.tracks_in_flight = in_flight == "tracked"
         self.num_pages = num_pages
         self.page_size = page_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref: list[int] = [0] * num_pages
         self.free_list: list[int] = list(range(num_pages))
         self.lru: list[int] = []  # cached pages, least recently released first
+        #: Under ``eviction=one-queue``: every unheld page, least recently released first.
+        self.queue: list[int] = list(range(num_pages))
         #: Entries by prefix; more than one only under ``detach`` (orphans beside live ones).
         self.entries: dict[PrefixKey, list[OracleEntry]] = {}
         self.entry_of_page: dict[int, OracleEntry] = {}
@@ -209,7 +240,7 @@ class KVOracle:
             raise InvalidRequest("empty prompt")
         hits = self.match(token_ids, salt)
         in_flight = 0
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and self.tracks_in_flight:
             for page in range(len(hits), (len(token_ids) - 1) // self.page_size):
                 if not self._in_flight(token_ids, salt, page):
                     break
@@ -249,10 +280,16 @@ class KVOracle:
             raise OutOfPages(count, available)
         taken: list[int] = []
         for _ in range(count):
-            if self.free_list:
-                page = self.free_list.pop(0)
+            if self.one_queue:
+                page = next(p for p in self.queue if p not in pinned)
+            elif self.free_list:
+                page = self.free_list[0]
             else:
                 page = next(p for p in self.lru if p not in pinned)
+            self.queue.remove(page)
+            if page in self.free_list:
+                self.free_list.remove(page)
+            else:
                 self.lru.remove(page)
                 entry = self.entry_of_page.pop(page)
                 siblings = self.entries[entry.key]
@@ -292,6 +329,7 @@ class KVOracle:
         for page in hit_pages:
             if page in self.lru:
                 self.lru.remove(page)
+                self.queue.remove(page)
             self.ref[page] += 1
         self.sequences[seq_id] = OracleSequence(
             pages=hit_pages + fresh,
@@ -381,6 +419,7 @@ class KVOracle:
         for page in reversed(seq.pages):  # the chain's tail first (KVM-023)
             self.ref[page] -= 1
             if self.ref[page] == 0:
+                self.queue.append(page)
                 if page in self.entry_of_page:
                     self.lru.append(page)
                 else:
@@ -408,3 +447,4 @@ class KVOracle:
         assert sorted(states + self.free_list + self.lru) == list(range(self.num_pages))
         assert all(p in self.entry_of_page for p in self.lru)
         assert not any(p in self.entry_of_page for p in self.free_list)
+        assert sorted(self.queue) == sorted(self.free_list + self.lru)

@@ -39,8 +39,7 @@ from pagedkv.errors import (
 from pagedkv.interfaces import ForkingKVManager, KVManager, PageCopy, PageTable, PrefixMatch
 
 from .loading import MakeKVManager
-from .oracle import KVOracle, NeverAllocated, OracleMatch, pages_for
-from .variants import ORPHANS
+from .oracle import KVOracle, NeverAllocated, OracleMatch, oracle_following, pages_for
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -74,8 +73,9 @@ class Outcome(Generic[T, U]):
 class KVManagerMachine(RuleBasedStateMachine):
     """Random operations on a backend's KVManager, mirrored on the oracle."""
 
-    #: ``(make_kv_manager, capabilities)``; set on a subclass by :func:`run_kv_state_machine`.
-    target: ClassVar[tuple[MakeKVManager, frozenset[str], str] | None] = None
+    #: ``(make_kv_manager, capabilities, variants)``; set on a subclass by
+    #: :func:`run_kv_state_machine`.
+    target: ClassVar[tuple[MakeKVManager, frozenset[str], Mapping[str, str]] | None] = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -254,10 +254,10 @@ class KVManagerMachine(RuleBasedStateMachine):
     def setup(self, num_pages: int, page_size: int, mode: int) -> None:
         """A fresh manager; prefix caching on in 4 of 5 runs when the backend supports it."""
         assert self.target is not None, "use run_kv_state_machine()"
-        make, self.capabilities, orphans = self.target
+        make, self.capabilities, variants = self.target
         caching = mode > 0 and {"prefix_caching", "eviction"} <= self.capabilities
         self._kv = make(num_pages, page_size, caching)
-        self._oracle = KVOracle(num_pages, page_size, caching, orphans)
+        self._oracle = oracle_following(variants, num_pages, page_size, caching)
 
     @rule(data=st.data())
     def allocate(self, data: st.DataObject) -> None:
@@ -542,10 +542,9 @@ def run_kv_state_machine(
 ) -> None:
     """Run :class:`KVManagerMachine` on managers from ``make_kv_manager``, bounded by the
     active Hypothesis profile; the oracle follows ``variants`` (default: the defaults)."""
-    orphans = (variants or {}).get(ORPHANS.name, ORPHANS.default)
 
     class Machine(KVManagerMachine):
-        target = (make_kv_manager, capabilities, orphans)
+        target = (make_kv_manager, capabilities, dict(variants or {}))
 
     run_state_machine_as_test(Machine, settings=settings(deadline=None))
 

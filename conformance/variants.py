@@ -172,6 +172,27 @@ IN_FLIGHT = Variant(
     requirement="KVM-036",
 )
 
+#: A departure from KVM-024: cached and free pages in one queue, cached ones evicted in turn.
+EVICTION = Variant(
+    name="eviction",
+    choices={
+        "free-first": Choice(
+            "a cached page is evicted only when the free list is empty, least recently "
+            "released first"
+        ),
+        "one-queue": Choice(
+            "every unheld page, cached or free, waits in one queue, least recently released "
+            "first, and a fresh page is the queue's head, evicted if cached: a cached page may "
+            "be evicted while a free page remains (vLLM v1's free_block_queue); hits stay "
+            "correct, and the state machine's oracle follows it",
+            departs_from=("KVM-024",),
+            fails=(KVM + "test_eviction_is_lru_tail_first_and_only_when_free_list_is_empty",),
+        ),
+    },
+    default="free-first",
+    requirement="KVM-024",
+)
+
 #: A departure from KVM-030: query tokens counted only by requests that looked the cache up.
 QUERY_COUNTING = Variant(
     name="query-counting",
@@ -230,6 +251,7 @@ VARIANTS: dict[str, Variant] = {
         DUPLICATES,
         PUBLICATION,
         IN_FLIGHT,
+        EVICTION,
         QUERY_COUNTING,
         HIT_VERIFICATION,
         EMPTY_SALT,
@@ -268,6 +290,13 @@ def declared_variants(backend: object) -> dict[str, str]:
             )
         chosen[name] = choice
     return chosen
+
+
+def tracks_in_flight(chosen: Mapping[str, str]) -> bool:
+    """Whether a backend with the ``chosen`` variants reports pages in flight (KVM-036): it
+    does not declare the departure ``in-flight=untracked``. Tests observing in-flight pages
+    in passing expect none from a backend that declares it."""
+    return chosen.get(IN_FLIGHT.name, IN_FLIGHT.default) == "tracked"
 
 
 def departures(chosen: Mapping[str, str]) -> dict[str, str]:

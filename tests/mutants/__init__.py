@@ -22,8 +22,13 @@ from pagedkv.kv.manager import ReferenceKVManager
 
 from . import engine as eng
 from . import kv, store
-from .backend import ALL_CAPABILITIES, MutantBackend
-from .variants import RadixKVManager, ReattachingKVManager
+from .backend import ALL_CAPABILITIES, KV_CAPABILITIES, MutantBackend
+from .variants import (
+    OneQueueKVManager,
+    RadixKVManager,
+    ReattachingKVManager,
+    UntrackedInFlightKVManager,
+)
 
 #: Node ids, relative to the ``pagedkv_conformance`` package, of the tests that catch mutants.
 KVM = "test_kv_manager::TestKVManager::"
@@ -149,6 +154,41 @@ MUTANTS: dict[str, Mutant] = {
             "mutant: reattaching index declaring orphans=detach",
             ReattachingKVManager,
             variants={"orphans": "detach"},
+        ),
+    ),
+    "in_flight_untracked_undeclared": Mutant(
+        "kv",
+        (8,),
+        (
+            MATCH + "test_uncommitted_pages_are_in_flight_never_hit",
+            MATCH + "test_a_partly_committed_shared_prompt_stays_consistent",
+        ),
+        lambda: MutantBackend(
+            "mutant: no pages in flight, declared tracked", UntrackedInFlightKVManager
+        ),
+    ),
+    "in_flight_tracked_declared_untracked": Mutant(
+        "kv",
+        (8,),
+        (MATCH + "test_a_partly_committed_shared_prompt_stays_consistent",),
+        lambda: MutantBackend(
+            "mutant: the reference declaring in-flight=untracked",
+            variants={"in-flight": "untracked"},
+        ),
+    ),
+    "one_queue_undeclared": Mutant(
+        "kv",
+        (8,),
+        (KVM + "test_eviction_is_lru_tail_first_and_only_when_free_list_is_empty",),
+        lambda: MutantBackend("mutant: one queue of pages, declared free-first", OneQueueKVManager),
+    ),
+    "free_first_declared_one_queue": Mutant(
+        "kv",
+        (8,),
+        (KVM + "test_eviction_is_lru_tail_first_and_only_when_free_list_is_empty",),
+        lambda: MutantBackend(
+            "mutant: the reference declaring eviction=one-queue",
+            variants={"eviction": "one-queue"},
         ),
     ),
     # -- PagedStore --------------------------------------------------------------------------
@@ -281,6 +321,18 @@ CORRECT: dict[str, Callable[[], MutantBackend]] = {
         "reattaching index declaring orphans=reattach",
         ReattachingKVManager,
         variants={"orphans": "reattach"},
+    ),
+    "in_flight_untracked_declared": lambda: MutantBackend(
+        "the reference tracking nothing in flight, declaring in-flight=untracked",
+        UntrackedInFlightKVManager,
+        KV_CAPABILITIES | {"fork"},
+        variants={"in-flight": "untracked"},
+    ),
+    "one_queue_declared": lambda: MutantBackend(
+        "the reference over one queue of cached and free pages, declaring eviction=one-queue",
+        OneQueueKVManager,
+        KV_CAPABILITIES | {"fork"},
+        variants={"eviction": "one-queue"},
     ),
 }
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from pagedkv.interfaces import KVManagerConfig
 from pagedkv.kv.manager import ReferenceKVManager
+from pagedkv.kv.one_queue_pool import OneQueuePagePool
 from pagedkv.kv.prefix_index import PrefixEntry
 from pagedkv.kv.radix_index import RadixPrefixIndex
 
@@ -101,3 +102,19 @@ class RadixKVManager(ReferenceKVManager):
 
     def __init__(self, config: KVManagerConfig) -> None:
         super().__init__(config, index=RadixPrefixIndex(config.num_pages, config.page_size))
+
+
+class UntrackedInFlightKVManager(ReferenceKVManager):
+    """The reference KVManager keeping no record of pages in flight (``in-flight=untracked``,
+    a declared departure from KVM-036)."""
+
+    def __init__(self, config: KVManagerConfig) -> None:
+        super().__init__(config, track_in_flight=False)
+
+
+class OneQueueKVManager(ReferenceKVManager):
+    """The reference KVManager over one queue of cached and free pages
+    (``eviction=one-queue``, a declared departure from KVM-024)."""
+
+    def __init__(self, config: KVManagerConfig) -> None:
+        super().__init__(config, pool=OneQueuePagePool(config.num_pages))

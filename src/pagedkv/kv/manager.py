@@ -82,9 +82,19 @@ class ReferenceKVManager:
         config: KVManagerConfig,
         hash_fn: HashFn = builtin_page_hash,
         index: PrefixLookup | None = None,
+        *,
+        track_in_flight: bool = True,
+        pool: PagePool | None = None,
     ) -> None:
+        """Two options let the reference run as a backend declaring a departure would, so the
+        conformance suite can be shown to follow each declaration: ``track_in_flight=False``
+        keeps no record of the pages live sequences compute, so every match reports none in
+        flight (``in-flight=untracked``, KVM-036); ``pool`` replaces the free-list-first pool
+        (a :class:`~pagedkv.kv.one_queue_pool.OneQueuePagePool` of ``config.num_pages`` pages
+        is ``eviction=one-queue``, KVM-024)."""
         self.config = config
-        self.pool = PagePool(config.num_pages)
+        self.track_in_flight = track_in_flight
+        self.pool = pool if pool is not None else PagePool(config.num_pages)
         self.index: PrefixLookup = (
             index if index is not None else PrefixIndex(config.num_pages, config.page_size, hash_fn)
         )
@@ -222,7 +232,7 @@ class ReferenceKVManager:
         )
         self.sequences[seq_id] = state
         self._freed_ids.pop(seq_id, None)
-        if self.config.enable_prefix_caching:
+        if self.config.enable_prefix_caching and self.track_in_flight:
             self.in_flight.open(seq_id, token_ids, cache_salt, len(hits))
         self._query_tokens += len(token_ids)
         self._hit_tokens += num_cached
