@@ -73,9 +73,14 @@ class Variant:
 
 KVM = "test_kv_manager.py::TestKVManager::"
 MATCH = "test_kv_match.py::TestKVMatch::"
+FORK = "test_kv_fork.py::TestKVFork::"
 STATE_MACHINE = "test_kv_state_machine.py::TestKVStateMachine::test_kv_manager_matches_the_oracle"
 ORPHAN_EXAMPLE = (
     "test_kv_variants.py::TestKVVariants::test_orphaned_entries_follow_the_declared_variant"
+)
+FORK_AFTER_ORPHAN_EXAMPLE = (
+    "test_kv_variants.py::TestKVVariants::"
+    "test_a_fork_publishes_as_its_parent_would_after_the_orphan_example"
 )
 DUPLICATE_EXAMPLE = (
     "test_kv_variants.py::TestKVVariants::test_duplicate_publication_follows_the_declared_variant"
@@ -145,6 +150,16 @@ PUBLICATION = Variant(
                 KVM + "test_nothing_is_hit_before_commit",
                 KVM + "test_only_full_pages_are_published",
                 KVM + "test_stats_count_what_happened",
+                # pages published when scheduled are hits at once, never in flight
+                *IN_FLIGHT_TESTS,
+                MATCH + "test_pages_found_already_published_are_not_in_flight",
+                MATCH + "test_a_partly_committed_shared_prompt_stays_consistent",
+                # commit publishes nothing already scheduled
+                FORK + "test_pages_shared_by_a_fork_are_published_once",
+                FORK + "test_the_second_to_commit_a_shared_page_publishes_what_follows",
+                FORK + "test_a_fork_has_no_pages_in_flight",
+                ORPHAN_EXAMPLE,
+                FORK_AFTER_ORPHAN_EXAMPLE,
                 DUPLICATE_EXAMPLE,
                 STATE_MACHINE,
             ),

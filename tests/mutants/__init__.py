@@ -24,7 +24,9 @@ from . import engine as eng
 from . import kv, store
 from .backend import ALL_CAPABILITIES, KV_CAPABILITIES, MutantBackend
 from .variants import (
+    EmptySaltIsNoSaltKVManager,
     OneQueueKVManager,
+    QueriesCountedOnLookupKVManager,
     RadixKVManager,
     ReattachingKVManager,
     UntrackedInFlightKVManager,
@@ -315,11 +317,15 @@ MUTANTS: dict[str, Mutant] = {
 #: Correct backends that differ from the reference where the spec leaves room, declaring it.
 CORRECT: dict[str, Callable[[], MutantBackend]] = {
     "radix_declared_as_detach": lambda: MutantBackend(
-        "radix index declaring orphans=detach", RadixKVManager, variants={"orphans": "detach"}
+        "radix index declaring orphans=detach",
+        RadixKVManager,
+        KV_CAPABILITIES | {"fork"},
+        variants={"orphans": "detach"},
     ),
     "reattach_declared": lambda: MutantBackend(
         "reattaching index declaring orphans=reattach",
         ReattachingKVManager,
+        KV_CAPABILITIES | {"fork"},
         variants={"orphans": "reattach"},
     ),
     "in_flight_untracked_declared": lambda: MutantBackend(
@@ -333,6 +339,18 @@ CORRECT: dict[str, Callable[[], MutantBackend]] = {
         OneQueueKVManager,
         KV_CAPABILITIES | {"fork"},
         variants={"eviction": "one-queue"},
+    ),
+    "empty_salt_as_no_salt_declared": lambda: MutantBackend(
+        "the reference taking the empty salt for none, declaring empty-salt=no-salt",
+        EmptySaltIsNoSaltKVManager,
+        KV_CAPABILITIES | {"fork"},
+        variants={"empty-salt": "no-salt"},
+    ),
+    "queries_counted_on_lookup_declared": lambda: MutantBackend(
+        "the reference counting no query with caching off, declaring query-counting=on-lookup",
+        QueriesCountedOnLookupKVManager,
+        KV_CAPABILITIES | {"fork"},
+        variants={"query-counting": "on-lookup"},
     ),
 }
 
@@ -365,6 +383,7 @@ def publication_on_schedule_declared() -> MutantBackend:
     return MutantBackend(
         "publishing when scheduled, declared",
         kv.PublishBeforeCommit,
+        KV_CAPABILITIES | {"fork"},
         variants={"publication": "on-schedule"},
     )
 

@@ -6,9 +6,11 @@ the oracle follows the declaration, never one implementation.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
-from pagedkv.interfaces import KVManagerConfig
+from pagedkv.errors import StaleMatch
+from pagedkv.interfaces import Allocation, KVManagerConfig, KVStats, PrefixMatch
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.kv.one_queue_pool import OneQueuePagePool
 from pagedkv.kv.prefix_index import PrefixEntry
@@ -118,3 +120,41 @@ class OneQueueKVManager(ReferenceKVManager):
 
     def __init__(self, config: KVManagerConfig) -> None:
         super().__init__(config, pool=OneQueuePagePool(config.num_pages))
+
+
+class EmptySaltIsNoSaltKVManager(ReferenceKVManager):
+    """The reference KVManager taking the empty salt for no salt (``empty-salt=no-salt``, a
+    declared departure from KVM-028)."""
+
+    def cached_prefix_length(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        return super().cached_prefix_length(token_ids, cache_salt or None)
+
+    def match_prefix(self, token_ids: Sequence[int], cache_salt: str | None = None) -> PrefixMatch:
+        match = super().match_prefix(token_ids, cache_salt or None)
+        return dataclasses.replace(match, cache_salt=cache_salt)
+
+    def allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        num_new_tokens: int,
+        cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
+    ) -> Allocation:
+        if match is not None and match.cache_salt != cache_salt:
+            raise StaleMatch("the prefix match is of another salt")
+        if match is not None:
+            match = dataclasses.replace(match, cache_salt=cache_salt or None)
+        return super().allocate(seq_id, token_ids, num_new_tokens, cache_salt or None, match=match)
+
+
+class QueriesCountedOnLookupKVManager(ReferenceKVManager):
+    """The reference KVManager counting no query tokens with prefix caching off
+    (``query-counting=on-lookup``, a declared departure from KVM-030)."""
+
+    def stats(self) -> KVStats:
+        stats = super().stats()
+        if self.config.enable_prefix_caching:
+            return stats
+        return dataclasses.replace(stats, query_tokens=0, hit_tokens=0)
