@@ -24,6 +24,7 @@ from pagedkv.interfaces import (
     StoreConfig,
 )
 
+from .page_sizes import PageSizeError, declared_page_sizes, supports_page_size, unsupported_reason
 from .variants import VariantError, declared_variants
 
 #: The backend tested when neither ``--backend`` nor ``$PAGEDKV_BACKEND`` names one.
@@ -115,7 +116,8 @@ def validate_backend(candidate: object, spec: str) -> Backend:
         raise BackendLoadError(f"backend {spec!r}: 'create_kv_manager' is not callable")
     try:
         declared_variants(candidate)
-    except VariantError as exc:
+        declared_page_sizes(candidate)
+    except (VariantError, PageSizeError) as exc:
         raise BackendLoadError(f"backend {spec!r}: {exc}") from exc
     return candidate
 
@@ -126,9 +128,20 @@ class BackendKVManagerFactory:
 
     backend: Backend
 
+    def supports_page_size(self, page_size: int) -> bool:
+        """Whether the backend declares ``page_size`` (KVM-065; every size if it declares
+        none)."""
+        return supports_page_size(self.backend, page_size)
+
     def __call__(
         self, num_pages: int, page_size: int, enable_prefix_caching: bool = True
     ) -> KVManager:
+        """A fresh manager; the calling test is skipped, the reason naming the size, when the
+        backend does not declare ``page_size`` (KVM-065)."""
+        if not self.supports_page_size(page_size):
+            import pytest  # only a test calls this: loading the plugin stays cheap
+
+            pytest.skip(unsupported_reason(self.backend, page_size))
         config = KVManagerConfig(num_pages, page_size, enable_prefix_caching)
         manager = self.backend.create_kv_manager(config)
         if not isinstance(manager, KVManager):

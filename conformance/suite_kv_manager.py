@@ -346,6 +346,20 @@ class KVManagerSuite:
         assert kv.stats().evictions == 1
         kv.check_invariants()
 
+    @pytest.mark.spec("KVM-065", "KVM-005")
+    @pytest.mark.parametrize("page_size", [1, 2, 16, 256])
+    def test_a_manager_has_the_page_size_it_was_made_with(
+        self, make_kv_manager: MakeKVManager, page_size: int
+    ) -> None:
+        """A manager made with a page size the backend declares (every size if it declares
+        none) has that page size, and a one-page prompt of that many tokens takes one page;
+        a size it does not declare skips this case, naming the size."""
+        kv = make_kv_manager(4, page_size)
+        assert kv.page_size == page_size
+        table = kv.allocate(1, tokens(1, page_size + 1), page_size + 1).page_table
+        assert (table.page_size, len(table.pages)) == (page_size, 2)
+        kv.check_invariants()
+
     @pytest.mark.spec("KVM-005")
     @pytest.mark.parametrize("page_size", [1, 3, 4])
     def test_page_table_size_and_slots(

@@ -399,3 +399,14 @@ def publication_on_schedule_declared_falsely() -> MutantBackend:
 def variants_as_names() -> MutantBackend:
     """Variants declared as bare names, not a mapping of choices: a usage error."""
     return MutantBackend("variants as names", variants=frozenset({"orphans"}))  # type: ignore[arg-type]
+
+
+def page_sizes_of_two() -> MutantBackend:
+    """The reference KVManager declaring it takes page size 2 only (KVM-065): tests at other
+    sizes are skipped, naming the size."""
+    return MutantBackend("the reference declaring page size 2", page_sizes=frozenset({2}))
+
+
+def page_sizes_as_an_int() -> MutantBackend:
+    """Page sizes declared as a bare int, not a container: a usage error."""
+    return MutantBackend("page sizes as an int", page_sizes=2)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ order, the sampler's filter) say so.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,7 @@ class MutantBackend:
     manager: type[ReferenceKVManager] = ReferenceKVManager
     capabilities: frozenset[str] = KV_CAPABILITIES
     variants: Mapping[str, str] = field(default_factory=dict)
+    page_sizes: Container[int] | None = None
     store: Callable[[PagedStore], PagedStore] | None = None
     runner: Callable[[StepRunner], StepRunner] | None = None
     engine: Callable[[Engine], Engine] | None = None
