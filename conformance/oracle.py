@@ -20,7 +20,9 @@ Where the spec leaves a choice, the oracle follows the backend's declared varian
 Where the spec leaves no choice:
 
 * committing a page whose prefix another sequence already published (same parent) keeps the
-  other page's entry, leaves this page unpublished and continues the chain from the other entry;
+  other page's entry, leaves this page unpublished and continues the chain from the other entry
+  (``duplicates=kept-once``); under ``duplicates=replaced`` the entry is dropped (its page, if
+  cached, goes free; entries after it are orphaned) and this page published in its place;
 * fresh pages come from the free list first, then by evicting the least recently released
   cached page that the same allocation does not hit (KVM-024, KVM-026); under the declared
   departure ``eviction=one-queue`` every unheld page, cached or free, waits in one queue,
@@ -55,7 +57,7 @@ from pagedkv.errors import (
 )
 from pagedkv.interfaces import KVStats
 
-from .variants import EVICTION, IN_FLIGHT, ORPHANS
+from .variants import DUPLICATES, EVICTION, IN_FLIGHT, ORPHANS
 
 #: (cache salt, every token id from the start of the prompt to the end of the page)
 PrefixKey = tuple[str | None, tuple[int, ...]]
@@ -129,7 +131,8 @@ def oracle_following(
     variants: Mapping[str, str], num_pages: int, page_size: int, enable_prefix_caching: bool
 ) -> KVOracle:
     """A fresh oracle following every declared choice it models (``variants``, completed with
-    the defaults where a name is missing): ``orphans``, ``in-flight`` and ``eviction``."""
+    the defaults where a name is missing): ``orphans``, ``in-flight``, ``eviction`` and
+    ``duplicates`` (``kept-once`` or ``replaced``; ``published`` is not modelled)."""
     return KVOracle(
         num_pages,
         page_size,
@@ -137,6 +140,7 @@ def oracle_following(
         orphans=variants.get(ORPHANS.name, ORPHANS.default),
         in_flight=variants.get(IN_FLIGHT.name, IN_FLIGHT.default),
         eviction=variants.get(EVICTION.name, EVICTION.default),
+        duplicates=variants.get(DUPLICATES.name, DUPLICATES.default),
     )
 
 
@@ -152,6 +156,7 @@ class KVOracle:
         orphans: str = "block",
         in_flight: str = "tracked",
         eviction: str = "free-first",
+        duplicates: str = "kept-once",
     ) -> None:
         if orphans not in ("block", "detach", "reattach"):
             raise ValueError(f"unknown orphans policy {orphans!r}")
@@ -160,6 +165,9 @@ class KVOracle:
         if eviction not in ("free-first", "one-queue"):
             raise ValueError(f"unknown eviction choice {eviction!r}")
         self.one_queue = eviction == "one-queue"
+        if duplicates not in ("kept-once", "replaced"):
+            raise ValueError(f"the oracle does not model duplicates={duplicates!r}")
+        self.replaces = duplicates == "replaced"
         self.orphans = orphans
         self.tracks_in_flight = in_flight == "tracked"
         self.num_pages = num_pages
@@ -397,6 +405,9 @@ class KVOracle:
             if existing is None and self.orphans == "block" and self.entries.get(key):
                 seq.broken = True  # a stale orphan holds the key
                 break
+            if existing is not None and self.replaces and existing.page != seq.pages[i]:
+                self._unpublish(existing)
+                existing = None
             if existing is not None:
                 entry = existing
             else:
@@ -408,6 +419,18 @@ class KVOracle:
             seq.tail = entry
             seq.committed_pages = i + 1
         return published
+
+    def _unpublish(self, entry: OracleEntry) -> None:
+        """Drop ``entry`` (replaced by a later commit): its page, if cached, goes free and keeps
+        its place in the one queue."""
+        siblings = self.entries[entry.key]
+        siblings.remove(entry)
+        if not siblings:
+            del self.entries[entry.key]
+        del self.entry_of_page[entry.page]
+        if entry.page in self.lru:
+            self.lru.remove(entry.page)
+            self.free_list.append(entry.page)
 
     def free(self, seq_id: int) -> None:
         if seq_id not in self.sequences and seq_id in self.freed:

@@ -47,6 +47,14 @@ EXPECTED = {
     "reattach": OrphanOutcome(republished=4, cached_prefix=4, pages_indexed=5),
 }
 assert set(EXPECTED) == set(ORPHANS.choices)
+#: The same under ``duplicates=replaced``: C's commit takes A's two entries over, so A's pages
+#: go free when A is freed and E evicts nothing of C's chain.
+EXPECTED_REPLACED = {
+    "block": OrphanOutcome(republished=4, cached_prefix=4, pages_indexed=5),
+    "detach": OrphanOutcome(republished=2, cached_prefix=4, pages_indexed=5),
+    "reattach": OrphanOutcome(republished=2, cached_prefix=4, pages_indexed=5),
+}
+assert set(EXPECTED_REPLACED) == set(ORPHANS.choices)
 
 A, C, E, D, F = 0, 1, 2, 3, 4
 PROMPT_A = [1, 2]
@@ -90,6 +98,7 @@ class DuplicateOutcome:
 DUPLICATE_EXPECTED = {
     "kept-once": DuplicateOutcome(published_again=0, pages_indexed=1, pages_cached=0),
     "published": DuplicateOutcome(published_again=1, pages_indexed=2, pages_cached=1),
+    "replaced": DuplicateOutcome(published_again=1, pages_indexed=1, pages_cached=1),
 }
 assert set(DUPLICATE_EXPECTED) == set(DUPLICATES.choices)
 
@@ -160,11 +169,15 @@ class KVVariantSuite:
     def test_orphaned_entries_follow_the_declared_variant(
         self, make_kv_manager: MakeKVManager, backend_variants: dict[str, str]
     ) -> None:
-        """The nine-call example gives exactly what the declared ``orphans`` choice says, and
-        so does the state machine's oracle under that choice."""
+        """The nine-call example gives exactly what the declared ``orphans`` choice says (with
+        ``duplicates=replaced`` if declared), and so does the state machine's oracle under
+        those choices."""
         choice = backend_variants[ORPHANS.name]
-        want = EXPECTED[choice]
-        oracle = KVOracle(NUM_PAGES, 1, enable_prefix_caching=True, orphans=choice)
+        duplicates = backend_variants[DUPLICATES.name]
+        want = (EXPECTED_REPLACED if duplicates == "replaced" else EXPECTED)[choice]
+        oracle = KVOracle(
+            NUM_PAGES, 1, enable_prefix_caching=True, orphans=choice, duplicates=duplicates
+        )
         assert orphan_example(OnOracle(oracle)) == want, "the oracle does not follow the variant"
         kv = make_kv_manager(NUM_PAGES, 1)
         got = orphan_example(OnBackend(kv))
@@ -205,11 +218,11 @@ class KVVariantSuite:
         """A prompt found whole in the cache recomputes its last page (KVM-025) and commits it
         again: the backend publishes it, or not, as its declared ``duplicates`` choice says,
         and the page is cached or free after it is freed accordingly. The oracle models
-        ``kept-once``."""
+        ``kept-once`` and ``replaced``."""
         choice = backend_variants[DUPLICATES.name]
         want = DUPLICATE_EXPECTED[choice]
-        if choice == DUPLICATES.default:
-            oracle = KVOracle(NUM_PAGES, 1, enable_prefix_caching=True)
+        if choice != "published":
+            oracle = KVOracle(NUM_PAGES, 1, enable_prefix_caching=True, duplicates=choice)
             assert duplicate_example(OnOracle(oracle)) == want, "the oracle disagrees"
         kv = make_kv_manager(NUM_PAGES, 1)
         got = duplicate_example(OnBackend(kv))

@@ -131,6 +131,12 @@ DUPLICATES = Variant(
             "machine's oracle does not model it, and the orphan example assumes kept-once",
             fails=(STATE_MACHINE, ORPHAN_EXAMPLE),
         ),
+        "replaced": Choice(
+            "the committing page takes the entry over (latest wins): the existing entry is "
+            "dropped, its page goes free once unheld (at once if cached), entries published "
+            "after it are orphaned (KVM-050), and the committing page is published in its "
+            "place; the oracle and the example tests follow it"
+        ),
     },
     default="kept-once",
     requirement="KVM-051",

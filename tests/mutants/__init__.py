@@ -29,6 +29,7 @@ from .variants import (
     QueriesCountedOnLookupKVManager,
     RadixKVManager,
     ReattachingKVManager,
+    ReplacingKVManager,
     UntrackedInFlightKVManager,
 )
 
@@ -193,6 +194,23 @@ MUTANTS: dict[str, Mutant] = {
             variants={"eviction": "one-queue"},
         ),
     ),
+    "replaced_undeclared": Mutant(
+        "kv",
+        (8,),
+        (VARIANTS + "test_duplicate_publication_follows_the_declared_variant",),
+        lambda: MutantBackend(
+            "mutant: commits take entries over, declared kept-once", ReplacingKVManager
+        ),
+    ),
+    "kept_once_declared_replaced": Mutant(
+        "kv",
+        (8,),
+        (VARIANTS + "test_duplicate_publication_follows_the_declared_variant",),
+        lambda: MutantBackend(
+            "mutant: the reference declaring duplicates=replaced",
+            variants={"duplicates": "replaced"},
+        ),
+    ),
     # -- PagedStore --------------------------------------------------------------------------
     "store_ascending_pages": _full(
         "store",
@@ -339,6 +357,12 @@ CORRECT: dict[str, Callable[[], MutantBackend]] = {
         OneQueueKVManager,
         KV_CAPABILITIES | {"fork"},
         variants={"eviction": "one-queue"},
+    ),
+    "duplicates_replaced_declared": lambda: MutantBackend(
+        "the reference whose commits take an equal entry over, declaring duplicates=replaced",
+        ReplacingKVManager,
+        KV_CAPABILITIES | {"fork"},
+        variants={"duplicates": "replaced"},
     ),
     "empty_salt_as_no_salt_declared": lambda: MutantBackend(
         "the reference taking the empty salt for none, declaring empty-salt=no-salt",

@@ -13,7 +13,7 @@ from pagedkv.errors import StaleMatch
 from pagedkv.interfaces import Allocation, KVManagerConfig, KVStats, PrefixMatch
 from pagedkv.kv.manager import ReferenceKVManager
 from pagedkv.kv.one_queue_pool import OneQueuePagePool
-from pagedkv.kv.prefix_index import PrefixEntry
+from pagedkv.kv.prefix_index import PrefixEntry, PrefixIndex
 from pagedkv.kv.radix_index import RadixPrefixIndex
 
 #: (salt, every token id from the start of the prompt to the end of the page)
@@ -158,3 +158,42 @@ class QueriesCountedOnLookupKVManager(ReferenceKVManager):
         if self.config.enable_prefix_caching:
             return stats
         return dataclasses.replace(stats, query_tokens=0, hit_tokens=0)
+
+
+class ReplacingPrefixIndex(PrefixIndex):
+    """The chained-hash index where a commit meeting an equal entry takes it over
+    (``duplicates=replaced``, KVM-051): the old entry is dropped, so entries after it no
+    longer match their parent (orphans), and the pages that lost their entry are kept for the
+    manager to take off the cache."""
+
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        super().__init__(num_pages, page_size)
+        self.replaced: list[int] = []
+
+    def publish(
+        self, page: int, parent: PrefixEntry | None, token_ids: tuple[int, ...], salt: str | None
+    ) -> PrefixEntry | None:
+        existing = super().publish(page, parent, token_ids, salt)
+        if existing is None or existing.page == page:
+            return existing
+        self.remove_page(existing.page)
+        self.replaced.append(existing.page)
+        return super().publish(page, parent, token_ids, salt)
+
+
+class ReplacingKVManager(ReferenceKVManager):
+    """The reference KVManager over :class:`ReplacingPrefixIndex`: a page whose entry was taken
+    over goes from the cache to the free list (``duplicates=replaced``)."""
+
+    def __init__(self, config: KVManagerConfig) -> None:
+        self.replacing = ReplacingPrefixIndex(config.num_pages, config.page_size)
+        super().__init__(config, index=self.replacing)
+
+    def commit(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        published = super().commit(seq_id, token_ids)
+        for page in self.replacing.replaced:
+            if self.pool.is_cached(page):
+                del self.pool._cached[page]
+                self.pool._free.append(page)
+        self.replacing.replaced.clear()
+        return published
