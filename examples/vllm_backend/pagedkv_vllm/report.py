@@ -196,10 +196,19 @@ def render(
     lines += [f"Run: {environment}; total {total_seconds:.0f} s (`make conformance-vllm`)."]
     for run in runs:
         lines.append(f"* {run.title}: {_summary(run)}.")
+    names = sorted(
+        {_test_name_from(r.node_id).partition("[")[0] for run in runs for r in run.results}
+    )
+    lines += ["", f"{SUITE_TESTS_RUN} ({len(names)}): " + ", ".join(f"`{n}`" for n in names) + "."]
     lines += ["", "### The variants", ""]
     for note in _declared(runs):
         lines += _render_variant(note, runs)
     return "\n".join(lines) + "\n"
+
+
+#: Opens the line naming every suite test the runs ran (parameters dropped), by which a test of
+#: the project checks that the table is no older than the suite.
+SUITE_TESTS_RUN = "Suite tests run"
 
 
 def _outcome(node_id: str, run: BackendRun) -> str:

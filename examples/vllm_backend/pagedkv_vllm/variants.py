@@ -51,7 +51,11 @@ PUBLISH_ON_SCHEDULE = Note(
     affects=(
         "test_nothing_is_hit_before_commit (KVM-021), test_only_full_pages_are_published "
         "(pages indexed before the commit), test_stats_count_what_happened (pages_indexed after "
-        "an uncommitted allocate); the state machine (commit publishes 0, hits before commit)."
+        "an uncommitted allocate); the in-flight tests of test_kv_match, "
+        "test_pages_found_already_published_are_not_in_flight and "
+        "test_a_partly_committed_shared_prompt_stays_consistent (a page scheduled by one "
+        "request is a hit for the next at once, never in flight); the orphan and duplicate "
+        "examples; the state machine (commit publishes 0, hits before commit)."
     ),
     safety=(
         "Safe inside vLLM only: its engine executes every scheduled step, in order, before a "
@@ -87,7 +91,8 @@ CONTENT_KEYED_DUPLICATES = Note(
     affects=(
         "The suite follows the choice in test_duplicate_publication_follows_the_declared_variant "
         "(which vLLM published on commit passes). The state machine's oracle models kept-once "
-        "only, and the orphan example assumes it: both are expected failures. The usual "
+        "and replaced only, and the orphan example expects one of them: both are expected "
+        "failures. The usual "
         "trigger is KVM-025: a prompt found whole in the cache recomputes its last page and "
         "publishes it again."
     ),
