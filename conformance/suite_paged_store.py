@@ -246,6 +246,30 @@ class PagedStoreSuite:
             seqs.check([0, 1, 2], [2, 1, 9], heads=4, pad_page=pad, extra_width=1)
             seqs.check([2, 0], [4, 6], heads=4, pad_page=pad)
 
+    @pytest.mark.spec("PST-013", "PST-017")
+    def test_poisoned_padding_of_a_decode_group_never_leaks(
+        self, make_paged_store: MakePagedStore
+    ) -> None:
+        """Decoding sequences of contexts 10, 9, 8 and 7 (each at least 0.7 of the longest, so
+        PST-017 lets one gather, padded to 10, serve them all) over a pool first filled with
+        NaN keys and infinite values: positions past each shorter context are poisoned tails of
+        its last page or page-table padding pointing at a poisoned page, and must not reach any
+        result, alone, beside a continuing chunk, or beside a short context in a group of its
+        own."""
+        store = make_paged_store(page_size=4, num_pages=16)
+        poison(store)
+        seqs = sequences(store, seed=13)
+        seqs.place(0, [3, 8, 5], 10)  # positions 10, 11 of page 5 poisoned
+        seqs.place(1, [12, 1, 14], 9)  # 3 poisoned positions on page 14
+        seqs.place(2, [10, 0], 8)  # pads through the page table's padding
+        seqs.place(3, [6, 2], 7)  # position 7 of page 2 poisoned, then padding
+        seqs.place(4, [9], 2)  # a short context: a group of its own
+        poisoned_page = 15
+        for pad in (poisoned_page, 3):  # a poisoned page, or another sequence's
+            seqs.check([0, 1, 2, 3], [1, 1, 1, 1], heads=4, pad_page=pad)
+            seqs.check([3, 2, 1, 0], [1, 1, 1, 1], heads=8, pad_page=pad, extra_width=1)
+            seqs.check([2, 0, 4, 3, 1], [1, 1, 1, 5, 1], heads=4, pad_page=pad)
+
     @pytest.mark.spec("PST-014", "PST-030")
     def test_recycled_pages_hold_only_the_new_owner(self, make_paged_store: MakePagedStore) -> None:
         """A pool exactly full: a sequence's pages are taken back (unclear) and handed to two
