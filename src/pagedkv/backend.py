@@ -47,7 +47,17 @@ class ReferenceBackend:
     runner_options: RunnerOptions = dataclasses.field(default_factory=RunnerOptions)
     tensor_parallel_size: int = 1
     capabilities: frozenset[str] = frozenset(
-        {"prefix_caching", "eviction", "reset", "fork", "paged_store", "model", "engine", "cuda"}
+        {
+            "prefix_caching",
+            "eviction",
+            "reset",
+            "fork",
+            "paged_store",
+            "model",
+            "engine",
+            "cuda",
+            "supplied_kv_manager",
+        }
     )
 
     @property
@@ -72,13 +82,15 @@ class ReferenceBackend:
         tokenizer: Tokenizer | None = None,
         eos_ids: frozenset[int] = frozenset(),
         generation_defaults: GenerationDefaults | None = None,
+        kv_manager: KVManager | None = None,
     ) -> LLMEngine:
-        """pagedkv's engine over ``runner``; in v1 over a fresh KVManager of this backend (the
-        only place an engine's page pool is created)."""
+        """pagedkv's engine over ``runner``; in v1 over ``kv_manager`` when given (one this
+        backend's ``create_kv_manager`` made for the config's pool, ENG-175), else over a fresh
+        KVManager of this backend (the only place an engine's page pool is created)."""
         from pagedkv.engine.engine import LLMEngine
 
-        kv = None
-        if config.mode == "v1":
+        kv = kv_manager
+        if kv is None and config.mode == "v1":
             kv = self.create_kv_manager(
                 KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
             )

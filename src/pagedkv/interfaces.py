@@ -54,6 +54,7 @@ CAPABILITIES: frozenset[str] = frozenset(
         "engine",  # create_engine returns an Engine
         "cuda",  # the store / model can run on a CUDA device
         "fork",  # create_kv_manager returns a ForkingKVManager (KVM-037..039)
+        "supplied_kv_manager",  # create_engine(..., kv_manager=) runs on the given manager
     }
 )
 
@@ -591,6 +592,26 @@ class EngineBackend(Backend, Protocol):
         eos_ids: frozenset[int] = frozenset(),
     ) -> Engine:
         """An engine over ``runner``, with a fresh page pool shaped by ``config``."""
+        ...
+
+
+@runtime_checkable
+class SuppliedKVEngineBackend(EngineBackend, Protocol):
+    """A backend declaring ``supplied_kv_manager`` builds engines over a KVManager its caller
+    made with the backend's own ``create_kv_manager`` (ENG-175), so a caller can observe the
+    engine's calls to its manager (ENG-027) by wrapping it."""
+
+    def create_engine(
+        self,
+        runner: StepRunner,
+        config: EngineConfig,
+        *,
+        tokenizer: Tokenizer | None = None,
+        eos_ids: frozenset[int] = frozenset(),
+        kv_manager: KVManager | None = None,
+    ) -> Engine:
+        """An engine over ``runner``; its pages on ``kv_manager`` (a pool shaped by
+        ``config``), else on a fresh pool of its own."""
         ...
 
 
