@@ -1,0 +1,214 @@
+"""Deliberately broken backends for the suite tests of issue 46's classes 2, 3 and 5: a fork
+that finds no page queued behind later requests (ENG-130), an engine that looks a waiting
+prompt up twice per admission (ENG-027), and a store that pads a decode group with the stale
+slots its page tables name (PST-013). Each is the reference with one bug, behind a factory
+``--backend pressure_mutants:<name>`` takes; :data:`PRESSURE_MUTANTS` names the suite tests
+that must fail on it (``tests/test_pressure_mutants.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from mutants.backend import ALL_CAPABILITIES, MutantBackend
+from mutants.store import WrappedMetadata, _OwnAttention
+
+from pagedkv.backend import ReferenceBackend
+from pagedkv.interfaces import (
+    Allocation,
+    AttentionMetadata,
+    KVManager,
+    KVManagerConfig,
+    PrefixMatch,
+)
+
+if TYPE_CHECKING:
+    from pagedkv.engine.config import EngineConfig
+    from pagedkv.engine.engine import LLMEngine
+    from pagedkv.engine.generation_config import GenerationDefaults
+    from pagedkv.engine.tokenizer import Tokenizer
+    from pagedkv.interfaces import StepRunner
+
+#: The share of a decode group's longest context every context of the group reaches (the
+#: grouping PST-017 asks for).
+DECODE_FILL = 0.7
+
+# -- class 2: a fork without a page queued last ----------------------------------------------
+
+
+def forks_wait_last(engine: Any) -> None:
+    """A fork the pool has no page for goes to the back of the waiting queue, behind requests
+    that arrived after its request (ENG-130). Wraps the reference scheduler's ``_fork``, whose
+    last act puts such forks at the head of ``waiting``."""
+    scheduler = engine.scheduler
+    original = scheduler._fork
+
+    def fork(parent: Any, tokens: Any, now: float) -> Any:
+        children = original(parent, tokens, now)
+        for child in children:
+            if child in scheduler.waiting:
+                scheduler.waiting.remove(child)
+                scheduler.waiting.append(child)
+        return children
+
+    scheduler._fork = fork
+
+
+def engine_forks_wait_last() -> MutantBackend:
+    return MutantBackend(
+        "mutant: a fork without a page waits behind later requests",
+        capabilities=ALL_CAPABILITIES | {"fork"},
+        adjust=forks_wait_last,
+    )
+
+
+# -- class 3: two lookups per admission ------------------------------------------------------
+
+
+class RematchingKVManager:
+    """The engine's view of its manager when it looks a prompt up again right before
+    allocating, "to be sure" (ENG-027): every ``allocate`` first calls ``match_prefix`` once
+    more and passes that fresh match. Everything else goes through unchanged (``fork``
+    included, where the manager forks)."""
+
+    def __init__(self, inner: KVManager) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def allocate(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        num_new_tokens: int,
+        cache_salt: str | None = None,
+        *,
+        match: PrefixMatch | None = None,
+    ) -> Allocation:
+        again = self.inner.match_prefix(token_ids, cache_salt)
+        return self.inner.allocate(seq_id, token_ids, num_new_tokens, cache_salt, match=again)
+
+
+@dataclass(frozen=True)
+class RematchingEngineBackend(ReferenceBackend):
+    """The reference whose engine looks every admitted prompt up twice."""
+
+    name: str = "mutant: the engine looks a prompt up again before allocating"
+
+    def create_engine(
+        self,
+        runner: StepRunner,
+        config: EngineConfig,
+        *,
+        tokenizer: Tokenizer | None = None,
+        eos_ids: frozenset[int] = frozenset(),
+        generation_defaults: GenerationDefaults | None = None,
+        kv_manager: KVManager | None = None,
+    ) -> LLMEngine:
+        kv = kv_manager
+        if kv is None and config.mode == "v1":
+            kv = self.create_kv_manager(
+                KVManagerConfig(config.num_pages, config.page_size, config.enable_prefix_caching)
+            )
+        return super().create_engine(
+            runner,
+            config,
+            tokenizer=tokenizer,
+            eos_ids=eos_ids,
+            generation_defaults=generation_defaults,
+            kv_manager=None if kv is None else RematchingKVManager(kv),  # type: ignore[arg-type]
+        )
+
+
+def engine_looks_up_twice() -> RematchingEngineBackend:
+    return RematchingEngineBackend()
+
+
+# -- class 5: decode padding read from stale slots ---------------------------------------------
+
+
+def decode_widths(q_lens: Sequence[int], contexts: Sequence[int]) -> list[int]:
+    """Each sequence's gather width: a decoding sequence's is the longest context of its
+    group (decoding sequences sorted by context, cut where a context falls below
+    :data:`DECODE_FILL` of the group's longest); a chunk's is its context."""
+    widths = list(contexts)
+    longest = 0
+    for b in sorted((b for b, q in enumerate(q_lens) if q == 1), key=lambda b: -contexts[b]):
+        if longest == 0 or contexts[b] < DECODE_FILL * longest:
+            longest = contexts[b]
+        widths[b] = longest
+    return widths
+
+
+class PadsDecodeWithStaleSlots(_OwnAttention):
+    """Decoding sequences of close contexts share a gather padded to the group's longest
+    context, as PST-017 asks; the padding reads whatever slots the page table names past the
+    context (its last page's stale tail, the table's padding entries) and is hidden by a -inf
+    score only, not replaced by a slot known to be finite: a NaN key or an infinite value
+    there poisons the row (PST-013)."""
+
+    _widths: Iterator[int] = iter(())
+
+    def attention(
+        self, layer: int, query: torch.Tensor, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        assert isinstance(metadata, WrappedMetadata), "metadata of another store"
+        starts = metadata.batch.query_start.tolist()
+        q_lens = [stop - start for start, stop in itertools.pairwise(starts)]
+        widths = decode_widths(q_lens, metadata.batch.context_lens.tolist())
+        self._widths = iter(widths)
+        return super().attention(layer, query, metadata, scale)
+
+    def visible(self, q_len: int, ctx: int, width: int) -> tuple[int, torch.Tensor]:
+        group = next(self._widths)
+        if q_len > 1 or group == ctx:
+            return super().visible(q_len, ctx, width)
+        return group, (torch.arange(group) < ctx)[None, :]
+
+
+def store_pads_decode_with_stale_slots() -> MutantBackend:
+    return MutantBackend(
+        "mutant: decode padding reads stale slots",
+        capabilities=ALL_CAPABILITIES,
+        store=PadsDecodeWithStaleSlots,
+    )
+
+
+# -- what catches them -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PressureMutant:
+    """A broken backend and the suite tests (ids under ``pagedkv_conformance``) that must
+    fail on it and pass on the reference."""
+
+    build: Callable[[], Any] = dataclasses.field(repr=False)
+    catches: tuple[str, ...]
+
+
+PRESSURE_MUTANTS: dict[str, PressureMutant] = {
+    "engine_forks_wait_last": PressureMutant(
+        engine_forks_wait_last,
+        (
+            "test_engine_pressure::TestEnginePressure::"
+            "test_a_fork_without_a_page_waits_ahead_of_later_requests",
+        ),
+    ),
+    "engine_looks_up_twice": PressureMutant(
+        engine_looks_up_twice,
+        (
+            "test_engine_admission::TestEngineAdmission::"
+            "test_each_admission_looks_up_once_and_allocates_from_that_match",
+        ),
+    ),
+    "store_pads_decode_with_stale_slots": PressureMutant(
+        store_pads_decode_with_stale_slots,
+        ("test_paged_store::TestPagedStore::test_poisoned_padding_of_a_decode_group_never_leaks",),
+    ),
+}
