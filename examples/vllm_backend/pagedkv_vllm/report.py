@@ -32,7 +32,7 @@ from pagedkv_conformance.variants import VARIANTS, Choice, departures, expected_
 
 from .variants import NOTES, Note
 
-_REQUIREMENT = re.compile(r"^- \*\*(KVM-\d+)\*\* (MUST|SHOULD) — (.*)$")
+_REQUIREMENT = re.compile(r"^- \*\*(KVM-\d+)\*\* (MUST|SHOULD)(?: \(project\))? — (.*)$")
 _SECTION = re.compile(r"^## (.*)$")
 
 
