@@ -1,5 +1,6 @@
-"""Engine conformance tests of admission's calls to the KVManager (specs/engine.md ENG-027,
-ENG-175; specs/kv-manager.md KVM-034), on the hash model.
+"""Engine conformance tests of admission (specs/engine.md ENG-053, ENG-027, ENG-175;
+specs/kv-manager.md KVM-034), on the hash model: when a request leaves the queue, and its
+calls to the KVManager.
 
 An admission attempt costs one prefix lookup, and ``allocate`` opens the sequence from that
 match without looking again. Those are calls between an engine and its manager, so the suite
@@ -11,6 +12,7 @@ yours.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -20,7 +22,7 @@ from pagedkv.engine.params import SamplingParams
 from pagedkv.interfaces import Backend, KVManagerConfig, SuppliedKVEngineBackend
 from pagedkv.testing.hash_runner import HashRunner
 
-from .engine_harness import VOCAB, EngineUnderTest, solo_greedy
+from .engine_harness import VOCAB, EngineUnderTest, build_engine, solo_greedy
 from .kv_call_log import RecordingKVManager, recording
 
 PAGE_SIZE = 4
@@ -47,10 +49,39 @@ def build_recorded_engine(backend: Backend) -> tuple[EngineUnderTest, RecordingK
     return EngineUnderTest(engine, runner, config), kv
 
 
-@pytest.mark.requires("engine", "supplied_kv_manager", "prefix_caching")
+@pytest.mark.requires("engine")
 class EngineAdmissionSuite:
-    """ENG-027: one lookup per admission, its match handed to ``allocate``."""
+    """When a request leaves the queue (ENG-053), and what its admission asks of the
+    KVManager (ENG-027): one lookup, its match handed to ``allocate``."""
 
+    @pytest.mark.spec("ENG-053")
+    @pytest.mark.parametrize("mode", ["v1", "v0"])
+    def test_first_scheduled_time_is_when_a_request_left_the_queue(
+        self, backend: Backend, mode: str
+    ) -> None:
+        """One sequence at a time: a request aborted while queued was never scheduled; each
+        of three requests is first scheduled after the one before it finished, and between its
+        own arrival and its first token."""
+        eut = build_engine(backend, max_num_seqs=1, mode=mode)
+        queued = eut.engine.add_request([4, 5], SamplingParams(max_tokens=3))
+        aborted = eut.engine.abort(queued)
+        assert aborted is not None
+        assert aborted.metrics.first_scheduled_time is None
+        outs = eut.run([[1, 2, 3], [4, 5, 6], [7, 8]], SamplingParams(max_tokens=4))
+        for before, after in itertools.pairwise(outs):
+            assert before.metrics.finished_time is not None
+            assert after.metrics.first_scheduled_time is not None
+            assert after.metrics.first_scheduled_time >= before.metrics.finished_time, (
+                "a request queued behind a full batch was first scheduled before the request "
+                "it waited for finished"
+            )
+        for out in outs:
+            metrics = out.metrics
+            assert metrics.first_scheduled_time is not None
+            assert metrics.first_token_time is not None
+            assert metrics.arrival_time <= metrics.first_scheduled_time <= metrics.first_token_time
+
+    @pytest.mark.requires("supplied_kv_manager", "prefix_caching")
     @pytest.mark.spec("ENG-027", "KVM-034", "ENG-175")
     def test_each_admission_looks_up_once_and_allocates_from_that_match(
         self, backend: Backend

@@ -178,6 +178,48 @@ class PagedStoreSuite:
         assert torch.equal(got_v, kv * 2)
         assert torch.equal(store.read(1, torch.tensor([2]))[0], kv[1:])
 
+    @pytest.mark.spec("PST-006")
+    def test_copy_pages_copies_every_layer_and_nothing_else(
+        self, make_paged_store: MakePagedStore
+    ) -> None:
+        """Every slot of three layers holds distinct K/V; copying pages 1 and 4 onto 3 and 0
+        makes those hold, bit for bit in every layer, what the sources held, and leaves every
+        other page as it was; copies that name pages badly (lengths that differ, a page
+        outside the pool, a target twice or among the sources) raise and change nothing."""
+        store = make_paged_store(num_layers=3, page_size=4, num_pages=6)
+        slots = torch.arange(24)
+        gen = torch.Generator().manual_seed(6)
+        for layer in range(3):
+            store.write(
+                layer,
+                slots,
+                torch.randn(24, 2, 8, generator=gen),
+                torch.randn(24, 2, 8, generator=gen),
+            )
+
+        def pages() -> list[tuple[torch.Tensor, torch.Tensor]]:
+            reads = [store.read(layer, slots) for layer in range(3)]
+            key = torch.stack([k for k, _ in reads]).reshape(3, 6, 4, 2, 8)
+            value = torch.stack([v for _, v in reads]).reshape(3, 6, 4, 2, 8)
+            return [(key[:, p], value[:, p]) for p in range(6)]
+
+        before = pages()
+        store.copy_pages(torch.tensor([1, 4]), torch.tensor([3, 0]))
+        after = pages()
+        sources = {3: 1, 0: 4}
+        for page in range(6):
+            want = before[sources.get(page, page)]
+            assert torch.equal(after[page][0], want[0]), f"page {page}: K"
+            assert torch.equal(after[page][1], want[1]), f"page {page}: V"
+        for src, dst in (([1, 2], [3]), ([6], [0]), ([0], [-1]), ([1, 2], [3, 3]), ([1], [1])):
+            with pytest.raises(InvalidRequest):
+                store.copy_pages(torch.tensor(src), torch.tensor(dst))
+            again = pages()
+            assert all(
+                torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                for a, b in zip(again, after, strict=True)
+            ), f"copy_pages({src}, {dst}) raised but changed pages"
+
     # -- attention ---------------------------------------------------------------------------
 
     @pytest.mark.spec("PST-010", "PST-012", "PST-014")

@@ -1,7 +1,9 @@
 """Deliberately broken backends for the suite tests of issue 46's classes 2, 3 and 5: a fork
 that finds no page queued behind later requests (ENG-130), an engine that looks a waiting
 prompt up twice per admission (ENG-027), and a store that pads a decode group with the stale
-slots its page tables name (PST-013). Each is the reference with one bug, behind a factory
+slots its page tables name (PST-013); and for the MUSTs the suite took over from the project's
+tests: a store copying pages of one layer only (PST-006), an engine reporting a request first
+scheduled when it arrived (ENG-053). Each is the reference with one bug, behind a factory
 ``--backend pressure_mutants:<name>`` takes; :data:`PRESSURE_MUTANTS` names the suite tests
 that must fail on it (``tests/test_pressure_mutants.py``).
 """
@@ -16,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from mutants.backend import ALL_CAPABILITIES, MutantBackend
-from mutants.store import WrappedMetadata, _OwnAttention
+from mutants.engine import _EngineWrapper
+from mutants.store import WrappedMetadata, _OwnAttention, _Wrapper
 
 from pagedkv.backend import ReferenceBackend
+from pagedkv.engine.outputs import RequestOutput
 from pagedkv.interfaces import (
     Allocation,
     AttentionMetadata,
@@ -180,6 +184,48 @@ def store_pads_decode_with_stale_slots() -> MutantBackend:
     )
 
 
+# -- MUSTs the suite took over from the project's tests -----------------------------------------
+
+
+class CopiesLayerZeroOnly(_Wrapper):
+    """``copy_pages`` copies the K/V pages of layer 0 only, as a store written for one pool
+    would (PST-006); other layers keep what the target pages held."""
+
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        size = self.config.page_size
+        offsets = torch.arange(size)
+        from_slots = (src[:, None] * size + offsets).reshape(-1)
+        to_slots = (dst[:, None] * size + offsets).reshape(-1)
+        key, value = self.inner.read(0, from_slots)
+        self.inner.write(0, to_slots, key, value)
+
+
+def store_copies_layer_zero_only() -> MutantBackend:
+    return MutantBackend(
+        "mutant: copy_pages copies layer 0 only",
+        capabilities=ALL_CAPABILITIES,
+        store=CopiesLayerZeroOnly,
+    )
+
+
+class ScheduledOnArrival(_EngineWrapper):
+    """Reports a request first scheduled when it arrived, queued or not (ENG-053)."""
+
+    def output(self, output: RequestOutput) -> RequestOutput:
+        metrics = dataclasses.replace(
+            output.metrics, first_scheduled_time=output.metrics.arrival_time
+        )
+        return dataclasses.replace(output, metrics=metrics)
+
+
+def engine_scheduled_on_arrival() -> MutantBackend:
+    return MutantBackend(
+        "mutant: first scheduled when it arrived",
+        capabilities=ALL_CAPABILITIES,
+        engine=ScheduledOnArrival,
+    )
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -205,6 +251,18 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
         (
             "test_engine_admission::TestEngineAdmission::"
             "test_each_admission_looks_up_once_and_allocates_from_that_match",
+        ),
+    ),
+    "store_copies_layer_zero_only": PressureMutant(
+        store_copies_layer_zero_only,
+        ("test_paged_store::TestPagedStore::test_copy_pages_copies_every_layer_and_nothing_else",),
+    ),
+    "engine_scheduled_on_arrival": PressureMutant(
+        engine_scheduled_on_arrival,
+        tuple(
+            "test_engine_admission::TestEngineAdmission::"
+            f"test_first_scheduled_time_is_when_a_request_left_the_queue[{mode}]"
+            for mode in ("v1", "v0")
         ),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
