@@ -3,9 +3,10 @@ that finds no page queued behind later requests (ENG-130), an engine that looks 
 prompt up twice per admission (ENG-027), and a store that pads a decode group with the stale
 slots its page tables name (PST-013); and for the MUSTs the suite took over from the project's
 tests: a store copying pages of one layer only (PST-006), an engine reporting a request first
-scheduled when it arrived (ENG-053). Each is the reference with one bug, behind a factory
-``--backend pressure_mutants:<name>`` takes; :data:`PRESSURE_MUTANTS` names the suite tests
-that must fail on it (``tests/test_pressure_mutants.py``).
+scheduled when it arrived (ENG-053), one taking a negative seed by its magnitude (ENG-141), one
+refusing stop tokens past the vocabulary (ENG-120). Each is the reference with one bug,
+behind a factory ``--backend pressure_mutants:<name>`` takes; :data:`PRESSURE_MUTANTS` names
+the suite tests that must fail on it (``tests/test_pressure_mutants.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mutants.store import WrappedMetadata, _OwnAttention, _Wrapper
 
 from pagedkv.backend import ReferenceBackend
 from pagedkv.engine.outputs import RequestOutput
+from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.interfaces import (
     Allocation,
     AttentionMetadata,
@@ -226,6 +228,42 @@ def engine_scheduled_on_arrival() -> MutantBackend:
     )
 
 
+class SeedByMagnitude(_EngineWrapper):
+    """Takes a negative seed by its magnitude (``abs``) instead of modulo 2^64 (ENG-141)."""
+
+    def params(self, params: SamplingParams | None) -> SamplingParams | None:
+        if params is None or params.seed is None:
+            return params
+        return dataclasses.replace(params, seed=abs(params.seed))
+
+
+def engine_seed_by_magnitude() -> MutantBackend:
+    return MutantBackend(
+        "mutant: a negative seed taken by its magnitude",
+        capabilities=ALL_CAPABILITIES,
+        engine=SeedByMagnitude,
+    )
+
+
+class RefusesStopTokensPastVocabulary(_EngineWrapper):
+    """Refuses a stop token id the vocabulary does not hold, as a validation written against
+    the model's vocabulary would (ENG-120)."""
+
+    def params(self, params: SamplingParams | None) -> SamplingParams | None:
+        vocab = self.inner.runner.vocab_size  # type: ignore[attr-defined]
+        if params is not None and any(t >= vocab for t in params.stop_token_ids):
+            raise InvalidSamplingParams(f"stop_token_ids must be below the vocabulary ({vocab})")
+        return params
+
+
+def engine_refuses_stop_tokens_past_vocabulary() -> MutantBackend:
+    return MutantBackend(
+        "mutant: stop token ids past the vocabulary refused",
+        capabilities=ALL_CAPABILITIES,
+        engine=RefusesStopTokensPastVocabulary,
+    )
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -263,6 +301,20 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
             "test_engine_admission::TestEngineAdmission::"
             f"test_first_scheduled_time_is_when_a_request_left_the_queue[{mode}]"
             for mode in ("v1", "v0")
+        ),
+    ),
+    "engine_seed_by_magnitude": PressureMutant(
+        engine_seed_by_magnitude,
+        (
+            "test_engine_param_edges::TestEngineParamsEdges::"
+            "test_seeds_equal_modulo_two_to_the_64_sample_alike",
+        ),
+    ),
+    "engine_refuses_stop_tokens_past_vocabulary": PressureMutant(
+        engine_refuses_stop_tokens_past_vocabulary,
+        (
+            "test_engine_param_edges::TestEngineParamsEdges::"
+            "test_stop_tokens_outside_the_vocabulary_are_accepted_and_end_nothing",
         ),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(

@@ -14,7 +14,17 @@ from suite_runs import assert_caught, run_in_process
 CATCHING = sorted({name for m in PRESSURE_MUTANTS.values() for name in m.catches})
 
 
-@pytest.mark.spec("ENG-130", "ENG-027", "KVM-034", "ENG-175", "PST-013", "PST-006", "ENG-053")
+@pytest.mark.spec(
+    "ENG-130",
+    "ENG-027",
+    "KVM-034",
+    "ENG-175",
+    "PST-013",
+    "PST-006",
+    "ENG-053",
+    "ENG-141",
+    "ENG-120",
+)
 @pytest.mark.parametrize("name", sorted(PRESSURE_MUTANTS))
 def test_suite_fails_on_pressure_mutant(name: str) -> None:
     """Each test the mutant names fails on it, not with an error of the mutant's making."""
