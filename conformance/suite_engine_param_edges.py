@@ -1,5 +1,6 @@
-"""Engine conformance tests of sampling parameters at their edges (specs/engine.md ENG-141,
-ENG-120), on the hash model: seeds outside torch's range, stop tokens outside the vocabulary.
+"""Engine conformance tests of sampling parameters at their edges (specs/engine.md ENG-140,
+ENG-141, ENG-120), on the hash model: requests without a seed, seeds outside torch's range,
+stop tokens outside the vocabulary.
 Subclass :class:`EngineParamsEdgeSuite` to run these against an engine of yours.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+import torch
 
 from pagedkv.engine.params import SamplingParams
 from pagedkv.interfaces import Backend
@@ -27,7 +29,24 @@ def samples(
 
 @pytest.mark.requires("engine")
 class EngineParamsEdgeSuite:
-    """Seeds taken modulo 2^64; stop token ids past the vocabulary accepted."""
+    """Seeds of their own, seeds taken modulo 2^64; stop token ids past the vocabulary
+    accepted."""
+
+    @pytest.mark.spec("ENG-140")
+    def test_unseeded_requests_sample_apart_and_leave_the_global_generator(
+        self, backend: Backend
+    ) -> None:
+        """Forty unseeded requests of one prompt in one engine draw seeds of their own: no two
+        sample the same ten tokens (at temperature 2 over 101 tokens, seeds from a narrow range
+        or one shared seed would repeat), and torch's global generator gives the program the
+        same numbers as if no engine had sampled."""
+        torch.manual_seed(1234)
+        expected = torch.rand(4)
+        torch.manual_seed(1234)
+        eut = build_engine(backend, num_pages=256, max_num_seqs=64)
+        outs = eut.run([PROMPT] * 40, SamplingParams(max_tokens=10, temperature=2.0))
+        assert torch.equal(torch.rand(4), expected), "the engine drew from torch's generator"
+        assert len({out.token_ids for out in outs}) == 40, "unseeded requests sampled alike"
 
     @pytest.mark.spec("ENG-141", "ENG-047")
     def test_seeds_equal_modulo_two_to_the_64_sample_alike(self, backend: Backend) -> None:

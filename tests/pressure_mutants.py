@@ -4,9 +4,10 @@ prompt up twice per admission (ENG-027), and a store that pads a decode group wi
 slots its page tables name (PST-013); and for the MUSTs the suite took over from the project's
 tests: a store copying pages of one layer only (PST-006), an engine reporting a request first
 scheduled when it arrived (ENG-053), one taking a negative seed by its magnitude (ENG-141), one
-refusing stop tokens past the vocabulary (ENG-120). Each is the reference with one bug,
-behind a factory ``--backend pressure_mutants:<name>`` takes; :data:`PRESSURE_MUTANTS` names
-the suite tests that must fail on it (``tests/test_pressure_mutants.py``).
+seeding unseeded requests 0 (ENG-140), one refusing stop tokens past the vocabulary
+(ENG-120). Each is the reference with one bug, behind a factory ``--backend
+pressure_mutants:<name>`` takes; :data:`PRESSURE_MUTANTS` names the suite tests that must fail
+on it (``tests/test_pressure_mutants.py``).
 """
 
 from __future__ import annotations
@@ -245,6 +246,23 @@ def engine_seed_by_magnitude() -> MutantBackend:
     )
 
 
+class UnseededAsSeedZero(_EngineWrapper):
+    """Samples a request without a seed as one seeded 0, a fixed default seed (ENG-140)."""
+
+    def params(self, params: SamplingParams | None) -> SamplingParams | None:
+        if params is None or params.seed is not None:
+            return params
+        return dataclasses.replace(params, seed=0)
+
+
+def engine_unseeded_as_seed_zero() -> MutantBackend:
+    return MutantBackend(
+        "mutant: unseeded requests seeded 0",
+        capabilities=ALL_CAPABILITIES,
+        engine=UnseededAsSeedZero,
+    )
+
+
 class RefusesStopTokensPastVocabulary(_EngineWrapper):
     """Refuses a stop token id the vocabulary does not hold, as a validation written against
     the model's vocabulary would (ENG-120)."""
@@ -308,6 +326,13 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
         (
             "test_engine_param_edges::TestEngineParamsEdges::"
             "test_seeds_equal_modulo_two_to_the_64_sample_alike",
+        ),
+    ),
+    "engine_unseeded_as_seed_zero": PressureMutant(
+        engine_unseeded_as_seed_zero,
+        (
+            "test_engine_param_edges::TestEngineParamsEdges::"
+            "test_unseeded_requests_sample_apart_and_leave_the_global_generator",
         ),
     ),
     "engine_refuses_stop_tokens_past_vocabulary": PressureMutant(
