@@ -5,9 +5,10 @@ slots its page tables name (PST-013); and for the MUSTs the suite took over from
 tests: a store copying pages of one layer only (PST-006), an engine reporting a request first
 scheduled when it arrived (ENG-053), one taking a negative seed by its magnitude (ENG-141), one
 seeding unseeded requests 0 (ENG-140), one refusing stop tokens past the vocabulary
-(ENG-120). Each is the reference with one bug, behind a factory ``--backend
-pressure_mutants:<name>`` takes; :data:`PRESSURE_MUTANTS` names the suite tests that must fail
-on it (``tests/test_pressure_mutants.py``).
+(ENG-120), two taking prompts they should refuse (ENG-152, ENG-062). Each is the reference
+with one bug, behind a factory ``--backend pressure_mutants:<name>`` takes;
+:data:`PRESSURE_MUTANTS` names the suite tests that must fail on it
+(``tests/test_pressure_mutants.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mutants.store import WrappedMetadata, _OwnAttention, _Wrapper
 from pagedkv.backend import ReferenceBackend
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
+from pagedkv.engine.prompts import PromptType
 from pagedkv.interfaces import (
     Allocation,
     AttentionMetadata,
@@ -282,6 +284,61 @@ def engine_refuses_stop_tokens_past_vocabulary() -> MutantBackend:
     )
 
 
+class TokenIdsFromAnyIterable(_EngineWrapper):
+    """Takes bytes and sets of ints as token ids, bare or in a prompt dict, by listing them
+    ("any iterable of ints"), where ENG-152 refuses them."""
+
+    def add_request(
+        self,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
+        loose: Any = prompt
+        if isinstance(loose, bytes | set):
+            loose = list(loose)
+        elif isinstance(loose, dict) and isinstance(loose.get("prompt_token_ids"), bytes | set):
+            loose = {**loose, "prompt_token_ids": list(loose["prompt_token_ids"])}
+        return super().add_request(loose, params, request_id=request_id, cache_salt=cache_salt)
+
+
+def engine_token_ids_from_any_iterable() -> MutantBackend:
+    return MutantBackend(
+        "mutant: token ids from bytes and sets",
+        capabilities=ALL_CAPABILITIES,
+        engine=TokenIdsFromAnyIterable,
+    )
+
+
+class PromptDictKeysIgnored(_EngineWrapper):
+    """Drops the keys of a prompt dict it does not know instead of refusing them (ENG-062)."""
+
+    KNOWN = ("prompt", "prompt_token_ids", "cache_salt")
+
+    def add_request(
+        self,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
+        loose: Any = prompt
+        if isinstance(loose, dict):
+            loose = {k: v for k, v in loose.items() if k in self.KNOWN}
+        return super().add_request(loose, params, request_id=request_id, cache_salt=cache_salt)
+
+
+def engine_prompt_dict_keys_ignored() -> MutantBackend:
+    return MutantBackend(
+        "mutant: unknown prompt dict keys ignored",
+        capabilities=ALL_CAPABILITIES,
+        engine=PromptDictKeysIgnored,
+    )
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -340,6 +397,17 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
         (
             "test_engine_param_edges::TestEngineParamsEdges::"
             "test_stop_tokens_outside_the_vocabulary_are_accepted_and_end_nothing",
+        ),
+    ),
+    "engine_token_ids_from_any_iterable": PressureMutant(
+        engine_token_ids_from_any_iterable,
+        ("test_engine_prompts::TestEnginePrompts::test_token_ids_are_a_list_or_tuple_of_ints",),
+    ),
+    "engine_prompt_dict_keys_ignored": PressureMutant(
+        engine_prompt_dict_keys_ignored,
+        (
+            "test_engine_prompts::TestEnginePrompts::"
+            "test_a_prompt_dict_has_one_prompt_and_maybe_a_salt",
         ),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
