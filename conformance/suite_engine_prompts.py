@@ -43,7 +43,8 @@ class EnginePromptSuite:
         for out in eut.finish(ids):
             assert list(out.token_ids) == solo_greedy(PROMPT, 4)
         for ids in NOT_TOKEN_IDS:
-            for prompt in (ids, {"prompt_token_ids": ids}):
+            wrapped: Any = {"prompt_token_ids": ids}
+            for prompt in (ids, wrapped):
                 with pytest.raises(InvalidRequest):
                     eut.engine.add_request(prompt, GREEDY)
                 assert not eut.engine.has_unfinished_requests(), f"{prompt!r} was queued"
