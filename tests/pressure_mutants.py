@@ -1,14 +1,15 @@
-"""Deliberately broken backends for the suite tests of issue 46's classes 2, 3 and 5: a fork
-that finds no page queued behind later requests (ENG-130), an engine that looks a waiting
-prompt up twice per admission (ENG-027), and a store that pads a decode group with the stale
-slots its page tables name (PST-013); and for the MUSTs the suite took over from the project's
-tests: a store copying pages of one layer only (PST-006), an engine reporting a request first
-scheduled when it arrived (ENG-053), one taking a negative seed by its magnitude (ENG-141), one
-seeding unseeded requests 0 (ENG-140), one refusing stop tokens past the vocabulary
-(ENG-120), two taking prompts they should refuse (ENG-152, ENG-062). Each is the reference
-with one bug, behind a factory ``--backend pressure_mutants:<name>`` takes;
-:data:`PRESSURE_MUTANTS` names the suite tests that must fail on it
-(``tests/test_pressure_mutants.py``).
+"""Deliberately broken backends, each the reference with one bug, behind a factory
+``--backend pressure_mutants:<name>`` takes; :data:`PRESSURE_MUTANTS` names the suite tests
+that must fail on it (``tests/test_pressure_mutants.py``).
+
+Issue 46's classes 2, 3 and 5: a fork that finds no page queued behind later requests
+(ENG-130), an engine that looks a waiting prompt up twice per admission (ENG-027), a store that
+pads a decode group with the stale slots its page tables name (PST-013). And one for each MUST
+the suite took over from the project's tests: a store copying pages of one layer only
+(PST-006); engines reporting a request first scheduled when it arrived (ENG-053), taking a
+negative seed by its magnitude (ENG-141), seeding unseeded requests 0 (ENG-140), refusing stop
+tokens past the vocabulary (ENG-120), taking prompts they should refuse (ENG-152, ENG-062),
+reporting empty log-probabilities (ENG-142).
 """
 
 from __future__ import annotations
@@ -339,6 +340,26 @@ def engine_prompt_dict_keys_ignored() -> MutantBackend:
     )
 
 
+class LogprobsAlwaysAList(_EngineWrapper):
+    """Reports an empty list of log-probabilities for a completion that asked for none, where
+    ENG-142 asks for ``None``."""
+
+    def output(self, output: RequestOutput) -> RequestOutput:
+        completions = tuple(
+            c if c.logprobs is not None else dataclasses.replace(c, logprobs=())
+            for c in output.outputs
+        )
+        return dataclasses.replace(output, outputs=completions)
+
+
+def engine_logprobs_always_a_list() -> MutantBackend:
+    return MutantBackend(
+        "mutant: logprobs an empty list when none were asked for",
+        capabilities=ALL_CAPABILITIES,
+        engine=LogprobsAlwaysAList,
+    )
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -409,6 +430,10 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
             "test_engine_prompts::TestEnginePrompts::"
             "test_a_prompt_dict_has_one_prompt_and_maybe_a_salt",
         ),
+    ),
+    "engine_logprobs_always_a_list": PressureMutant(
+        engine_logprobs_always_a_list,
+        ("test_engine_outputs::TestEngineOutputs::test_completions_of_several_sequences",),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
         store_pads_decode_with_stale_slots,
