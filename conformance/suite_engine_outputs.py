@@ -1,5 +1,5 @@
-"""Engine conformance tests of a request's completions (specs/engine.md ENG-142), on the hash
-model with a tokenizer whose text is the token ids. Subclass :class:`EngineOutputSuite` to run
+"""Engine conformance tests of a request's outputs (specs/engine.md ENG-142, ENG-132), on the
+hash model with a tokenizer whose text is the token ids. Subclass :class:`EngineOutputSuite` to run
 these against an engine of yours.
 """
 
@@ -19,7 +19,8 @@ PROMPT = [5, 17, 29, 3, 41, 8, 13, 2, 77]
 
 @pytest.mark.requires("engine")
 class EngineOutputSuite:
-    """What each ``CompletionOutput`` of a request holds."""
+    """What each ``CompletionOutput`` of a request holds; prompt log-probabilities whole or
+    not at all."""
 
     @pytest.mark.spec("ENG-142")
     def test_completions_of_several_sequences(self, backend: Backend) -> None:
@@ -44,3 +45,24 @@ class EngineOutputSuite:
         (completion,) = asked.outputs
         assert completion.logprobs is not None
         assert len(completion.logprobs) == 2
+
+    @pytest.mark.spec("ENG-132", "ENG-012")
+    def test_a_request_aborted_mid_prefill_reports_no_prompt_logprobs(
+        self, backend: Backend
+    ) -> None:
+        """Prefilled in chunks of 4, aborted after two of its three chunks: its final output
+        has no prompt log-probabilities rather than a list with holes; run whole, the same
+        request reports one entry per prompt position."""
+        prompt = PROMPT[:10] + [1]
+        params = SamplingParams(max_tokens=2, prompt_logprobs=1)
+        eut = build_engine(backend, max_num_batched_tokens=4)
+        request_id = eut.engine.add_request(prompt, params)
+        for _ in range(2):
+            assert not [o for o in eut.engine.step() if o.token_ids], "sampled mid-prefill"
+        out = eut.engine.abort(request_id)
+        assert out is not None
+        assert out.prompt_logprobs is None, "prompt log-probabilities of a partial prompt"
+        assert out.token_ids == ()
+        (whole,) = build_engine(backend, max_num_batched_tokens=4).run([prompt], params)
+        assert whole.prompt_logprobs is not None
+        assert len(whole.prompt_logprobs) == len(prompt)

@@ -9,7 +9,9 @@ the suite took over from the project's tests: a store copying pages of one layer
 (PST-006); engines reporting a request first scheduled when it arrived (ENG-053), taking a
 negative seed by its magnitude (ENG-141), seeding unseeded requests 0 (ENG-140), refusing stop
 tokens past the vocabulary (ENG-120), taking prompts they should refuse (ENG-152, ENG-062),
-reporting empty log-probabilities (ENG-142).
+reporting empty log-probabilities (ENG-142), prompt log-probabilities with holes (ENG-132),
+trying stop strings longest first (ENG-144), holding back text a kept stop string cannot trim
+(ENG-145).
 """
 
 from __future__ import annotations
@@ -360,6 +362,65 @@ def engine_logprobs_always_a_list() -> MutantBackend:
     )
 
 
+class PartialPromptLogprobs(_EngineWrapper):
+    """A request aborted before its prompt was computed reports prompt log-probabilities with
+    a hole for every position instead of none (ENG-132)."""
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        out = self.inner.abort(request_id)
+        if out is None or out.prompt_logprobs is not None:
+            return out
+        return dataclasses.replace(out, prompt_logprobs=(None,) * len(out.prompt_token_ids))
+
+
+def engine_partial_prompt_logprobs() -> MutantBackend:
+    return MutantBackend(
+        "mutant: prompt log-probabilities with holes",
+        capabilities=ALL_CAPABILITIES,
+        engine=PartialPromptLogprobs,
+    )
+
+
+class StopStringsLongestFirst(_EngineWrapper):
+    """Tries stop strings longest first, as a greedy longest-match would, so of two starting
+    together the longer wins whatever their order (ENG-144)."""
+
+    def params(self, params: SamplingParams | None) -> SamplingParams | None:
+        if params is None or not params.stop:
+            return params
+        return dataclasses.replace(params, stop=tuple(sorted(params.stop, key=len, reverse=True)))
+
+
+def engine_stop_strings_longest_first() -> MutantBackend:
+    return MutantBackend(
+        "mutant: stop strings longest first",
+        capabilities=ALL_CAPABILITIES,
+        engine=StopStringsLongestFirst,
+    )
+
+
+class HoldsBackKeptStopStrings(_EngineWrapper):
+    """Holds back the newest token's text of an unfinished completion even when stop strings
+    stay in the text (ENG-145): as if it could still be trimmed."""
+
+    def output(self, output: RequestOutput) -> RequestOutput:
+        if output.finished:
+            return output
+        completions = tuple(
+            dataclasses.replace(c, text=c.text[: len(c.text) - len(c.new_text)])
+            for c in output.outputs
+        )
+        return dataclasses.replace(output, outputs=completions)
+
+
+def engine_holds_back_kept_stop_strings() -> MutantBackend:
+    return MutantBackend(
+        "mutant: text held back though stop strings stay in it",
+        capabilities=ALL_CAPABILITIES,
+        engine=HoldsBackKeptStopStrings,
+    )
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -434,6 +495,27 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
     "engine_logprobs_always_a_list": PressureMutant(
         engine_logprobs_always_a_list,
         ("test_engine_outputs::TestEngineOutputs::test_completions_of_several_sequences",),
+    ),
+    "engine_partial_prompt_logprobs": PressureMutant(
+        engine_partial_prompt_logprobs,
+        (
+            "test_engine_outputs::TestEngineOutputs::"
+            "test_a_request_aborted_mid_prefill_reports_no_prompt_logprobs",
+        ),
+    ),
+    "engine_stop_strings_longest_first": PressureMutant(
+        engine_stop_strings_longest_first,
+        (
+            "test_engine_stop_strings::TestEngineStopStrings::"
+            "test_of_stop_strings_completed_together_the_first_starting_counts[same-start-listed-second]",
+        ),
+    ),
+    "engine_holds_back_kept_stop_strings": PressureMutant(
+        engine_holds_back_kept_stop_strings,
+        (
+            "test_engine_stop_strings::TestEngineStopStrings::"
+            "test_nothing_is_held_back_when_stop_strings_stay_in_the_text",
+        ),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
         store_pads_decode_with_stale_slots,
