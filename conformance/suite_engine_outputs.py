@@ -1,20 +1,33 @@
-"""Engine conformance tests of a request's outputs (specs/engine.md ENG-142, ENG-132), on the
-hash model with a tokenizer whose text is the token ids. Subclass :class:`EngineOutputSuite` to run
-these against an engine of yours.
+"""Engine conformance tests of a request's outputs (specs/engine.md ENG-142, ENG-049, ENG-132),
+on the hash model (with a tokenizer whose text is the token ids where text matters). Subclass
+:class:`EngineOutputSuite` to run these against an engine of yours.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import SamplingParams
 from pagedkv.interfaces import Backend
+from pagedkv.plan import SeqChunk
+from pagedkv.plan_builders import build_recompute_plan
 from pagedkv.testing.faults import IdTokenizer
+from pagedkv.testing.hash_runner import HashRunner
 
 from .engine_harness import build_engine
 
 PROMPT = [5, 17, 29, 3, 41, 8, 13, 2, 77]
+#: A small vocabulary, so the most likely tokens of a prompt position are few and distinct.
+SMALL_VOCAB = 29
+LOGPROB_PROMPT = [4, 8, 15, 16, 23, 4, 2, 11, 7, 19, 3]
+
+
+def hash_log_probs(context: list[int]) -> torch.Tensor:
+    """The hash model's log-probabilities of the token after ``context``, computed here."""
+    plan = build_recompute_plan([SeqChunk(tuple(context), 0)])
+    return torch.log_softmax(HashRunner(SMALL_VOCAB).execute(plan)[0], dim=0)
 
 
 @pytest.mark.requires("engine")
@@ -66,3 +79,30 @@ class EngineOutputSuite:
         (whole,) = build_engine(backend, max_num_batched_tokens=4).run([prompt], params)
         assert whole.prompt_logprobs is not None
         assert len(whole.prompt_logprobs) == len(prompt)
+
+    @pytest.mark.spec("ENG-049")
+    @pytest.mark.parametrize("budget", [256, 4, 3])
+    def test_each_prompt_token_gets_its_log_probability(
+        self, backend: Backend, budget: int
+    ) -> None:
+        """Whole, in chunks of 4, or of 3 (the last chunk then starts one before the last
+        position): position 0 has none; every later one the token's log-probability after
+        the tokens before it, its rank and the 2 most likely tokens, against the hash model's
+        distribution computed here."""
+        eut = build_engine(backend, vocab=SMALL_VOCAB, max_num_batched_tokens=budget)
+        params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=2)
+        (out,) = eut.run([LOGPROB_PROMPT], params)
+        entries = out.prompt_logprobs
+        assert entries is not None
+        assert len(entries) == len(LOGPROB_PROMPT)
+        assert entries[0] is None
+        for position, entry in enumerate(entries[1:], start=1):
+            assert entry is not None, f"position {position} has no entry"
+            token = LOGPROB_PROMPT[position]
+            want = hash_log_probs(LOGPROB_PROMPT[:position])
+            assert entry.token_id == token, f"position {position} reports another token"
+            assert entry.logprob == pytest.approx(float(want[token]), abs=1e-5)
+            assert entry.rank == int((want > want[token]).sum()) + 1
+            top = torch.topk(want, 2)
+            assert [t for t, _ in entry.top] == top.indices.tolist()
+            assert [v for _, v in entry.top] == pytest.approx(top.values.tolist(), abs=1e-5)

@@ -9,7 +9,8 @@ the suite took over from the project's tests: a store copying pages of one layer
 (PST-006); engines reporting a request first scheduled when it arrived (ENG-053), taking a
 negative seed by its magnitude (ENG-141), seeding unseeded requests 0 (ENG-140), refusing stop
 tokens past the vocabulary (ENG-120), taking prompts they should refuse (ENG-152, ENG-062),
-reporting empty log-probabilities (ENG-142), prompt log-probabilities with holes (ENG-132),
+reporting empty log-probabilities (ENG-142), prompt log-probabilities one position late
+(ENG-049) or with holes (ENG-132),
 trying stop strings longest first (ENG-144), holding back text a kept stop string cannot trim
 (ENG-145).
 """
@@ -421,6 +422,25 @@ def engine_holds_back_kept_stop_strings() -> MutantBackend:
     )
 
 
+class PromptLogprobsOneLate(_EngineWrapper):
+    """Reports each prompt position's log-probability one position late, as an engine reading
+    the row of a position's own logits for its token would misplace them (ENG-049)."""
+
+    def output(self, output: RequestOutput) -> RequestOutput:
+        entries = output.prompt_logprobs
+        if entries is None or len(entries) < 2:
+            return output
+        return dataclasses.replace(output, prompt_logprobs=(None, *entries[:-1]))
+
+
+def engine_prompt_logprobs_one_late() -> MutantBackend:
+    return MutantBackend(
+        "mutant: prompt log-probabilities one position late",
+        capabilities=ALL_CAPABILITIES,
+        engine=PromptLogprobsOneLate,
+    )
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -515,6 +535,14 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
         (
             "test_engine_stop_strings::TestEngineStopStrings::"
             "test_nothing_is_held_back_when_stop_strings_stay_in_the_text",
+        ),
+    ),
+    "engine_prompt_logprobs_one_late": PressureMutant(
+        engine_prompt_logprobs_one_late,
+        tuple(
+            "test_engine_outputs::TestEngineOutputs::"
+            f"test_each_prompt_token_gets_its_log_probability[{budget}]"
+            for budget in (256, 4, 3)
         ),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
