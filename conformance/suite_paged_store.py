@@ -20,7 +20,7 @@ from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, PagedStore
 
 from .loading import MakePagedStore
-from .store_harness import ATOL, Sequences, attend, make_batch, slots_of
+from .store_harness import ATOL, SCALE, Sequences, attend, dense_reference, make_batch, slots_of
 
 
 def sequences(store: PagedStore, seed: int = 0) -> Sequences:
@@ -371,6 +371,102 @@ class PagedStoreSuite:
             split.place(seq, [7 - seq], 1 + seq % 4)
         split.check(list(range(8)), [1] * 8, heads=4)
         split.check(list(range(8)), [1 + seq % 4 for seq in range(8)], heads=4)
+
+    @pytest.mark.spec("PST-018")
+    @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+    def test_16_bit_decode_attention_is_float32_rounded_once(
+        self, make_paged_store: MakePagedStore, dtype: str
+    ) -> None:
+        """A 16-bit CPU pool, eight decoding sequences of up to 150 positions, K/V and queries
+        of magnitude about 3: each output element is the float64 dense result rounded to the
+        dtype, or one step of it away (attention computed in the 16-bit dtype lands further)."""
+        half = getattr(torch, dtype)
+        store = make_paged_store(num_layers=1, head_dim=64, num_pages=256, dtype=dtype)
+        gen = torch.Generator().manual_seed(3)
+        contexts = [150, 140, 149, 131, 147, 9, 121, 150]
+        tables, keys, values, first = [], [], [], 0
+        for context in contexts:
+            pages = list(range(first, first + -(-context // 4)))
+            first += len(pages)
+            key = (torch.randn(context, 2, 64, generator=gen) * 3).to(half)
+            value = (torch.randn(context, 2, 64, generator=gen) * 3).to(half)
+            store.write(0, slots_of(pages, 4, context), key, value)
+            tables.append(pages)
+            keys.append(key)
+            values.append(value)
+        query = (torch.randn(len(contexts), 4, 64, generator=gen) * 3).to(half)
+        got = attend(store, 0, query, make_batch(tables, [1] * len(contexts), contexts), SCALE)
+        assert got.dtype == half
+        want = torch.cat(
+            [
+                dense_reference(query[b : b + 1], keys[b], values[b], SCALE)
+                for b in range(len(contexts))
+            ]
+        )
+        rounded = want.to(half).double()
+        step = (rounded.abs() * torch.finfo(half).eps).clamp_min(torch.finfo(half).tiny)
+        worst = float(((got.double() - rounded).abs() / step).max())
+        assert worst <= 1.0, f"an element {worst:.1f} steps of {dtype} from the rounded result"
+
+    @pytest.mark.spec("PST-016")
+    def test_write_and_attention_never_read_a_tensor_on_the_host(
+        self, make_paged_store: MakePagedStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``prepare`` reads the batch; every layer's ``write`` and ``attention`` then run
+        with every way of reading a tensor's value on the host disabled, and still give the
+        dense result."""
+        store = make_paged_store(num_layers=3, num_pages=16)
+        seqs = sequences(store, seed=16)
+        for seq, (pages, length) in enumerate(
+            [([3, 8, 5], 9), ([1, 12], 5), ([10, 0, 6], 11), ([14], 2)]
+        ):
+            seqs.place(seq, pages, length)
+        batch = make_batch([seqs.pages[s] for s in range(4)], [1, 5, 3, 1], [9, 5, 11, 2])
+        slots = torch.tensor([60, 61, 62, 63])  # page 15: no sequence's
+        metadata = store.prepare(batch)
+        query = seqs.query(10, heads=4)
+        kv = torch.randn(4, 2, 8)
+        outputs = []
+        with monkeypatch.context() as patch:
+
+            def refuse(*args: object, **kwargs: object) -> None:
+                raise AssertionError("a tensor value was read on the host")
+
+            for name in ("tolist", "item", "__int__", "__float__", "__bool__", "__index__"):
+                patch.setattr(torch.Tensor, name, refuse)
+            for name in ("aminmax", "nonzero", "unique"):
+                patch.setattr(torch, name, refuse)
+            for layer in range(3):
+                store.write(layer, slots, kv, kv)
+                outputs.append(store.attention(layer, query, metadata, SCALE))
+        for layer, out in enumerate(outputs):
+            want = seqs.expected(layer, [0, 1, 2, 3], [1, 5, 3, 1], query)
+            torch.testing.assert_close(out.double(), want, atol=ATOL, rtol=0)
+
+    @pytest.mark.spec("PST-016")
+    def test_metadata_of_several_batches_is_used_in_any_order(
+        self, make_paged_store: MakePagedStore
+    ) -> None:
+        """Two batches of four query rows each, prepared one after the other, then attended
+        layer by layer in another order, the first prepared last: each gives its own dense
+        result (no per-batch state kept in the store)."""
+        store = make_paged_store(num_layers=3, num_pages=16)
+        seqs = sequences(store, seed=17)
+        for seq, (pages, length) in enumerate(
+            [([3, 8], 7), ([1], 4), ([10], 2), ([0, 6], 6), ([2, 9, 11], 9)]
+        ):
+            seqs.place(seq, pages, length)
+        first = make_batch([seqs.pages[s] for s in (0, 1)], [3, 1], [7, 4])
+        second = make_batch([seqs.pages[s] for s in (2, 3, 4)], [2, 1, 1], [2, 6, 9])
+        m1, m2 = store.prepare(first), store.prepare(second)
+        q1, q2 = seqs.query(4, heads=4), seqs.query(4, heads=4)
+        for layer in (2, 0, 1):
+            out2 = store.attention(layer, q2, m2, SCALE)
+            out1 = store.attention(layer, q1, m1, SCALE)
+            want1 = seqs.expected(layer, [0, 1], [3, 1], q1)
+            want2 = seqs.expected(layer, [2, 3, 4], [2, 1, 1], q2)
+            torch.testing.assert_close(out1.double(), want1, atol=ATOL, rtol=0)
+            torch.testing.assert_close(out2.double(), want2, atol=ATOL, rtol=0)
 
     # -- CUDA --------------------------------------------------------------------------------
 

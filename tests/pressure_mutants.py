@@ -4,15 +4,17 @@ that must fail on it (``tests/test_pressure_mutants.py``).
 
 Issue 46's classes 2, 3 and 5: a fork that finds no page queued behind later requests
 (ENG-130), an engine that looks a waiting prompt up twice per admission (ENG-027), a store that
-pads a decode group with the stale slots its page tables name (PST-013). And one for each MUST
-the suite took over from the project's tests: a store copying pages of one layer only
-(PST-006); engines reporting a request first scheduled when it arrived (ENG-053), taking a
-negative seed by its magnitude (ENG-141), seeding unseeded requests 0 (ENG-140), refusing stop
-tokens past the vocabulary (ENG-120), taking prompts they should refuse (ENG-152, ENG-062),
-reporting empty log-probabilities (ENG-142), prompt log-probabilities one position late
-(ENG-049) or with holes (ENG-132),
-trying stop strings longest first (ENG-144), holding back text a kept stop string cannot trim
-(ENG-145).
+pads a decode group with the stale slots its page tables name (PST-013).
+
+And one for each MUST the suite took over from the project's tests. Stores: copying pages of
+one layer only (PST-006), attending in a 16-bit query's dtype (PST-018), reading the batch on
+the host in attention or attending by the batch prepared last (PST-016). Engines: reporting a
+request first scheduled when it arrived (ENG-053), taking a negative seed by its magnitude
+(ENG-141), seeding unseeded requests 0 (ENG-140), refusing stop tokens past the vocabulary
+(ENG-120), taking prompts they should refuse (ENG-152, ENG-062), reporting empty
+log-probabilities (ENG-142), prompt log-probabilities one position late (ENG-049) or with holes
+(ENG-132), trying stop strings longest first (ENG-144), holding back text a kept stop string
+cannot trim (ENG-145).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.engine.prompts import PromptType
 from pagedkv.interfaces import (
     Allocation,
+    AttentionBatch,
     AttentionMetadata,
     KVManager,
     KVManagerConfig,
@@ -441,6 +444,62 @@ def engine_prompt_logprobs_one_late() -> MutantBackend:
     )
 
 
+class AttendsInTheQueryDtype(_OwnAttention):
+    """Attention over ``read`` computed in the query's dtype: a 16-bit decode rounds at every
+    product and in the softmax instead of once (PST-018). Right in float32."""
+
+
+class ReadsTheBatchOnTheHost(_OwnAttention):
+    """Attention over ``read`` in float32, sequence by sequence, reading the batch's offsets
+    and context lengths on the host in every layer's call (PST-016): right values, a
+    device-to-host synchronisation per layer."""
+
+    def attention(
+        self, layer: int, query: torch.Tensor, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        return super().attention(layer, query.float(), metadata, scale).to(query.dtype)
+
+
+class LastPreparedWins(_Wrapper):
+    """Keeps the layout of the batch it prepared last and attends by it, whatever metadata a
+    call is given (PST-016: no per-batch state between calls)."""
+
+    _last: AttentionMetadata | None = None
+
+    def prepare(self, batch: AttentionBatch) -> AttentionMetadata:
+        self._last = super().prepare(batch)
+        return self._last
+
+    def attention(
+        self, layer: int, query: torch.Tensor, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        return super().attention(layer, query, self._last or metadata, scale)
+
+
+def store_attends_in_the_query_dtype() -> MutantBackend:
+    return MutantBackend(
+        "mutant: attention in the query's dtype",
+        capabilities=ALL_CAPABILITIES,
+        store=AttendsInTheQueryDtype,
+    )
+
+
+def store_reads_the_batch_on_the_host() -> MutantBackend:
+    return MutantBackend(
+        "mutant: batch read on the host in attention",
+        capabilities=ALL_CAPABILITIES,
+        store=ReadsTheBatchOnTheHost,
+    )
+
+
+def store_last_prepared_wins() -> MutantBackend:
+    return MutantBackend(
+        "mutant: attends by the batch prepared last",
+        capabilities=ALL_CAPABILITIES,
+        store=LastPreparedWins,
+    )
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -452,6 +511,8 @@ class PressureMutant:
     build: Callable[[], Any] = dataclasses.field(repr=False)
     catches: tuple[str, ...]
 
+
+STORE = "test_paged_store::TestPagedStore::"
 
 PRESSURE_MUTANTS: dict[str, PressureMutant] = {
     "engine_forks_wait_last": PressureMutant(
@@ -544,6 +605,21 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
             f"test_each_prompt_token_gets_its_log_probability[{budget}]"
             for budget in (256, 4, 3)
         ),
+    ),
+    "store_attends_in_the_query_dtype": PressureMutant(
+        store_attends_in_the_query_dtype,
+        tuple(
+            f"{STORE}test_16_bit_decode_attention_is_float32_rounded_once[{dtype}]"
+            for dtype in ("bfloat16", "float16")
+        ),
+    ),
+    "store_reads_the_batch_on_the_host": PressureMutant(
+        store_reads_the_batch_on_the_host,
+        (STORE + "test_write_and_attention_never_read_a_tensor_on_the_host",),
+    ),
+    "store_last_prepared_wins": PressureMutant(
+        store_last_prepared_wins,
+        (STORE + "test_metadata_of_several_batches_is_used_in_any_order",),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
         store_pads_decode_with_stale_slots,
