@@ -1,6 +1,6 @@
-"""Engine conformance tests of sampling parameters at their edges (specs/engine.md ENG-140,
-ENG-141, ENG-120), on the hash model: requests without a seed, seeds outside torch's range,
-stop tokens outside the vocabulary.
+"""Engine conformance tests of sampling parameters at their edges (specs/engine.md ENG-046,
+ENG-140, ENG-141, ENG-120), on the hash model: temperatures too small to divide by, requests
+without a seed, seeds outside torch's range, stop tokens outside the vocabulary.
 Subclass :class:`EngineParamsEdgeSuite` to run these against an engine of yours.
 """
 
@@ -11,10 +11,13 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.params import SamplingParams
-from pagedkv.interfaces import Backend
+from pagedkv.interfaces import Backend, EngineBackend
+from pagedkv.plan import StepPlan
+from pagedkv.testing.hash_runner import HashRunner
 
-from .engine_harness import VOCAB, build_engine
+from .engine_harness import VOCAB, build_engine, solo_greedy
 
 PROMPT = [5, 17, 29, 3, 41, 8, 13, 2, 77]
 
@@ -27,10 +30,42 @@ def samples(
     return [list(c.token_ids) for c in out.outputs]
 
 
+class RaisedLogitsRunner(HashRunner):
+    """The hash stand-in with its logits lifted to a real model's size: the top one is about
+    +40, so dividing them by a temperature of 1e-40 overflows float32."""
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        return super().execute(plan) + 40.0
+
+
 @pytest.mark.requires("engine")
 class EngineParamsEdgeSuite:
-    """Seeds of their own, seeds taken modulo 2^64; stop token ids past the vocabulary
-    accepted."""
+    """Tiny temperatures greedy; seeds of their own, seeds taken modulo 2^64; stop token ids
+    past the vocabulary accepted."""
+
+    @pytest.mark.spec("ENG-046")
+    @pytest.mark.parametrize("temperature", [1e-40, 5e-324])
+    def test_a_temperature_below_the_epsilon_is_greedy(
+        self, backend: Backend, temperature: float
+    ) -> None:
+        """Logits of a real model's size; one batch holds a request at a tiny positive
+        temperature, one at temperature 0 and one sampling at 0.8: the tiny one gives the
+        greedy tokens and no step fails."""
+        assert isinstance(backend, EngineBackend)
+        config = EngineConfig(page_size=4, num_pages=64, max_model_len=128)
+        engine = backend.create_engine(RaisedLogitsRunner(VOCAB, 64, 4), config)
+        prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14]]
+        ids = [
+            engine.add_request(prompts[0], SamplingParams(max_tokens=12, temperature=temperature)),
+            engine.add_request(prompts[1], SamplingParams(max_tokens=12, temperature=0.0)),
+            engine.add_request(prompts[2], SamplingParams(max_tokens=12, temperature=0.8, seed=3)),
+        ]
+        finals = {}
+        while engine.has_unfinished_requests():
+            finals.update({o.request_id: o for o in engine.step() if o.finished})
+        assert [finals[i].error for i in ids] == [None] * 3
+        assert list(finals[ids[0]].token_ids) == solo_greedy(prompts[0], 12)
+        assert list(finals[ids[1]].token_ids) == solo_greedy(prompts[1], 12)
 
     @pytest.mark.spec("ENG-140")
     def test_unseeded_requests_sample_apart_and_leave_the_global_generator(

@@ -8,13 +8,13 @@ pads a decode group with the stale slots its page tables name (PST-013).
 
 And one for each MUST the suite took over from the project's tests. Stores: copying pages of
 one layer only (PST-006), attending in a 16-bit query's dtype (PST-018), reading the batch on
-the host in attention or attending by the batch prepared last (PST-016). Engines: reporting a
-request first scheduled when it arrived (ENG-053), taking a negative seed by its magnitude
-(ENG-141), seeding unseeded requests 0 (ENG-140), refusing stop tokens past the vocabulary
-(ENG-120), taking prompts they should refuse (ENG-152, ENG-062), reporting empty
-log-probabilities (ENG-142), prompt log-probabilities one position late (ENG-049) or with holes
-(ENG-132), trying stop strings longest first (ENG-144), holding back text a kept stop string
-cannot trim (ENG-145).
+the host in attention or attending by the batch prepared last (PST-016). Engines: dividing
+logits by a temperature below the epsilon (ENG-046), reporting a request first scheduled when
+it arrived (ENG-053), taking a negative seed by its magnitude (ENG-141), seeding unseeded
+requests 0 (ENG-140), refusing stop tokens past the vocabulary (ENG-120), taking prompts they
+should refuse (ENG-152, ENG-062), reporting empty log-probabilities (ENG-142), prompt
+log-probabilities one position late (ENG-049) or with holes (ENG-132), trying stop strings
+longest first (ENG-144), holding back text a kept stop string cannot trim (ENG-145).
 """
 
 from __future__ import annotations
@@ -269,6 +269,31 @@ def engine_unseeded_as_seed_zero() -> MutantBackend:
         "mutant: unseeded requests seeded 0",
         capabilities=ALL_CAPABILITIES,
         engine=UnseededAsSeedZero,
+    )
+
+
+def tiny_temperatures_divided(engine: Any) -> None:
+    """Divides a row's logits by its temperature before the sampler decides it is greedy, so a
+    temperature below the epsilon overflows them to infinities whose argmax is the first one
+    (ENG-046). Wraps the reference engine's ``_sample_rows``."""
+    original = engine._sample_rows
+
+    def sample_rows(logits: torch.Tensor, rows: Any) -> Any:
+        tiny = [i for i, row in enumerate(rows) if 0 < row.params.temperature < 1e-5]
+        if tiny:
+            logits = logits.clone()
+            for i in tiny:
+                logits[i] = logits[i] / rows[i].params.temperature
+        return original(logits, rows)
+
+    engine._sample_rows = sample_rows
+
+
+def engine_tiny_temperatures_divided() -> MutantBackend:
+    return MutantBackend(
+        "mutant: tiny temperatures divide the logits",
+        capabilities=ALL_CAPABILITIES,
+        adjust=tiny_temperatures_divided,
     )
 
 
@@ -553,6 +578,14 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
         (
             "test_engine_param_edges::TestEngineParamsEdges::"
             "test_unseeded_requests_sample_apart_and_leave_the_global_generator",
+        ),
+    ),
+    "engine_tiny_temperatures_divided": PressureMutant(
+        engine_tiny_temperatures_divided,
+        tuple(
+            "test_engine_param_edges::TestEngineParamsEdges::"
+            f"test_a_temperature_below_the_epsilon_is_greedy[{t}]"
+            for t in ("1e-40", "5e-324")
         ),
     ),
     "engine_refuses_stop_tokens_past_vocabulary": PressureMutant(
