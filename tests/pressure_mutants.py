@@ -9,7 +9,8 @@ pads a decode group with the stale slots its page tables name (PST-013).
 And one for each MUST the suite took over from the project's tests. Stores: copying pages of
 one layer only (PST-006), attending in a 16-bit query's dtype (PST-018), reading the batch on
 the host in attention or attending by the batch prepared last (PST-016). Engines: dividing
-logits by a temperature below the epsilon (ENG-046), reporting a request first scheduled when
+logits by a temperature below the epsilon (ENG-046), ignoring the presence penalty or
+``min_tokens`` (ENG-048), reporting a request first scheduled when
 it arrived (ENG-053), taking a negative seed by its magnitude (ENG-141), seeding unseeded
 requests 0 (ENG-140), refusing stop tokens past the vocabulary (ENG-120), taking prompts they
 should refuse (ENG-152, ENG-062), reporting empty log-probabilities (ENG-142), prompt
@@ -294,6 +295,41 @@ def engine_tiny_temperatures_divided() -> MutantBackend:
         "mutant: tiny temperatures divide the logits",
         capabilities=ALL_CAPABILITIES,
         adjust=tiny_temperatures_divided,
+    )
+
+
+class PresencePenaltyIgnored(_EngineWrapper):
+    """Applies every sampling control but ``presence_penalty`` (ENG-048)."""
+
+    def params(self, params: SamplingParams | None) -> SamplingParams | None:
+        if params is None:
+            return params
+        return dataclasses.replace(params, presence_penalty=0.0)
+
+
+def engine_presence_penalty_ignored() -> MutantBackend:
+    return MutantBackend(
+        "mutant: presence penalty ignored",
+        capabilities=ALL_CAPABILITIES,
+        engine=PresencePenaltyIgnored,
+    )
+
+
+class MinTokensIgnored(_EngineWrapper):
+    """Applies every sampling control but ``min_tokens``: EOS and stop tokens end a request
+    before it has that many tokens (ENG-048)."""
+
+    def params(self, params: SamplingParams | None) -> SamplingParams | None:
+        if params is None:
+            return params
+        return dataclasses.replace(params, min_tokens=0)
+
+
+def engine_min_tokens_ignored() -> MutantBackend:
+    return MutantBackend(
+        "mutant: min_tokens ignored",
+        capabilities=ALL_CAPABILITIES,
+        engine=MinTokensIgnored,
     )
 
 
@@ -586,6 +622,18 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
             "test_engine_param_edges::TestEngineParamsEdges::"
             f"test_a_temperature_below_the_epsilon_is_greedy[{t}]"
             for t in ("1e-40", "5e-324")
+        ),
+    ),
+    "engine_presence_penalty_ignored": PressureMutant(
+        engine_presence_penalty_ignored,
+        (
+            "test_engine_controls::TestEngineControls::test_the_engine_picks_the_reference_argmax[2]",
+        ),
+    ),
+    "engine_min_tokens_ignored": PressureMutant(
+        engine_min_tokens_ignored,
+        (
+            "test_engine_controls::TestEngineControls::test_the_engine_picks_the_reference_argmax[2]",
         ),
     ),
     "engine_refuses_stop_tokens_past_vocabulary": PressureMutant(
