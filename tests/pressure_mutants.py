@@ -15,7 +15,8 @@ it arrived (ENG-053), taking a negative seed by its magnitude (ENG-141), seeding
 requests 0 (ENG-140), refusing stop tokens past the vocabulary (ENG-120), taking prompts they
 should refuse (ENG-152, ENG-062), reporting empty log-probabilities (ENG-142), prompt
 log-probabilities one position late (ENG-049) or with holes (ENG-132), trying stop strings
-longest first (ENG-144), holding back text a kept stop string cannot trim (ENG-145).
+longest first (ENG-144), holding back text a kept stop string cannot trim (ENG-145). A model
+runner sizing its rotary table by its first plan (GLD-014).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from pagedkv.interfaces import (
     KVManagerConfig,
     PrefixMatch,
 )
+from pagedkv.plan import StepPlan
+from pagedkv.testing.delegating_runner import DelegatingRunner
 
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
@@ -561,6 +564,45 @@ def store_last_prepared_wins() -> MutantBackend:
     )
 
 
+class RotaryTableSizedByFirstPlan(DelegatingRunner):
+    """Sizes its rotary table by the positions of the first plan it runs and clamps later
+    positions to it, as a lazily built cache never grown would (GLD-014): a plan's logits then
+    depend on which plan came first."""
+
+    _limit: int | None = None
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        if self._limit is None:
+            self._limit = int(plan.positions.max()) + 1
+        positions = plan.positions.clamp(max=self._limit - 1)
+        return self.inner.execute(dataclasses.replace(plan, positions=positions))
+
+
+@dataclass(frozen=True)
+class FirstPlanRotaryBackend(ReferenceBackend):
+    """The reference whose model runners size their rotary table by their first plan."""
+
+    name: str = "mutant: rotary table sized by the first plan"
+
+    def create_model_runner(
+        self,
+        model_dir: str,
+        *,
+        num_pages: int | None,
+        page_size: int,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> StepRunner:
+        inner = super().create_model_runner(
+            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
+        )
+        return RotaryTableSizedByFirstPlan(inner)
+
+
+def runner_rotary_table_sized_by_first_plan() -> FirstPlanRotaryBackend:
+    return FirstPlanRotaryBackend()
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -701,6 +743,10 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
     "store_last_prepared_wins": PressureMutant(
         store_last_prepared_wins,
         (STORE + "test_metadata_of_several_batches_is_used_in_any_order",),
+    ),
+    "runner_rotary_table_sized_by_first_plan": PressureMutant(
+        runner_rotary_table_sized_by_first_plan,
+        ("test_model_runner::TestModelRunner::test_logits_depend_only_on_the_plan",),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
         store_pads_decode_with_stale_slots,
