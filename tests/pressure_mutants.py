@@ -16,15 +16,18 @@ requests 0 (ENG-140), refusing stop tokens past the vocabulary (ENG-120), taking
 should refuse (ENG-152, ENG-062), reporting empty log-probabilities (ENG-142), prompt
 log-probabilities one position late (ENG-049) or with holes (ENG-132), trying stop strings
 longest first (ENG-144), holding back text a kept stop string cannot trim (ENG-145). A model
-runner sizing its rotary table by its first plan (GLD-014).
+runner sizing its rotary table by its first plan (GLD-014), one serving the unscaled trained
+positions (GLD-033).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -603,6 +606,45 @@ def runner_rotary_table_sized_by_first_plan() -> FirstPlanRotaryBackend:
     return FirstPlanRotaryBackend()
 
 
+class ServesTheTrainedPositions(DelegatingRunner):
+    """Reports ``max_position_embeddings`` as the context it serves, whatever the RoPE scaling
+    (GLD-033)."""
+
+    def __init__(self, inner: StepRunner, trained: int) -> None:
+        super().__init__(inner)
+        self.trained = trained
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.trained
+
+
+@dataclass(frozen=True)
+class UnscaledContextBackend(ReferenceBackend):
+    """The reference whose model runners serve the unscaled trained positions."""
+
+    name: str = "mutant: served context ignores the RoPE scaling"
+
+    def create_model_runner(
+        self,
+        model_dir: str,
+        *,
+        num_pages: int | None,
+        page_size: int,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> StepRunner:
+        inner = super().create_model_runner(
+            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
+        )
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        return ServesTheTrainedPositions(inner, int(config["max_position_embeddings"]))
+
+
+def runner_serves_the_trained_positions() -> UnscaledContextBackend:
+    return UnscaledContextBackend()
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -747,6 +789,13 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
     "runner_rotary_table_sized_by_first_plan": PressureMutant(
         runner_rotary_table_sized_by_first_plan,
         ("test_model_runner::TestModelRunner::test_logits_depend_only_on_the_plan",),
+    ),
+    "runner_serves_the_trained_positions": PressureMutant(
+        runner_serves_the_trained_positions,
+        tuple(
+            f"test_model_runner::TestModelRunner::test_the_served_context_follows_the_scaling[{p}]"
+            for p in ("yarn-128", "linear-128")
+        ),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
         store_pads_decode_with_stale_slots,
