@@ -33,7 +33,7 @@ RADIX_SUITES := pagedkv_conformance.test_kv_manager pagedkv_conformance.test_kv_
 	pagedkv_conformance.test_engine_admission pagedkv_conformance.test_engine_param_edges \
 	pagedkv_conformance.test_engine_prompts pagedkv_conformance.test_engine_outputs \
 	pagedkv_conformance.test_engine_stop_strings pagedkv_conformance.test_engine_controls \
-	pagedkv_conformance.test_model_runner
+	pagedkv_conformance.test_model_runner pagedkv_conformance.test_model_logits
 
 # The embedded model on a batch sharing a long system prompt, prefix caching on and off.
 demo: install

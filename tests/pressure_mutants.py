@@ -17,7 +17,8 @@ should refuse (ENG-152, ENG-062), reporting empty log-probabilities (ENG-142), p
 log-probabilities one position late (ENG-049) or with holes (ENG-132), trying stop strings
 longest first (ENG-144), holding back text a kept stop string cannot trim (ENG-145). A model
 runner sizing its rotary table by its first plan (GLD-014), one serving the unscaled trained
-positions (GLD-033).
+positions (GLD-033), one computing the last rows only (GLD-010, GLD-011); and issue 14's store
+missing a decode row's own position, under a runner's first decode step (GLD-012).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from mutants import MUTANTS
 from mutants.backend import ALL_CAPABILITIES, MutantBackend
 from mutants.engine import _EngineWrapper
 from mutants.store import WrappedMetadata, _OwnAttention, _Wrapper
@@ -645,6 +647,46 @@ def runner_serves_the_trained_positions() -> UnscaledContextBackend:
     return UnscaledContextBackend()
 
 
+class LastRowsOnly(DelegatingRunner):
+    """Computes the logits of each sequence's last row only, whatever rows the plan asks for
+    (GLD-010, GLD-011): right for generation, wrong for every position's logits."""
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        last = plan.attention.query_start[1:] - 1
+        return self.inner.execute(dataclasses.replace(plan, logits_indices=last))
+
+
+@dataclass(frozen=True)
+class LastRowsBackend(ReferenceBackend):
+    """The reference whose model runners compute each sequence's last row only."""
+
+    name: str = "mutant: logits of the last rows only"
+
+    def create_model_runner(
+        self,
+        model_dir: str,
+        *,
+        num_pages: int | None,
+        page_size: int,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> StepRunner:
+        inner = super().create_model_runner(
+            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
+        )
+        return LastRowsOnly(inner)
+
+
+def runner_last_rows_only() -> LastRowsBackend:
+    return LastRowsBackend()
+
+
+def store_decode_misses_newest() -> MutantBackend:
+    """The store mutant of issue 14 whose decode row misses its own position, here under the
+    runner's first decode step (GLD-012)."""
+    return MUTANTS["store_decode_misses_newest"].build()
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -795,6 +837,23 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
         tuple(
             f"test_model_runner::TestModelRunner::test_the_served_context_follows_the_scaling[{p}]"
             for p in ("yarn-128", "linear-128")
+        ),
+    ),
+    "runner_last_rows_only": PressureMutant(
+        runner_last_rows_only,
+        (
+            "test_model_logits::TestModelLogits::test_a_v0_plan_gives_every_positions_logits",
+            *(
+                f"test_model_logits::TestModelLogits::test_a_v1_prefill_and_the_first_decode_step[{p}]"
+                for p in (1, 5, 16)
+            ),
+        ),
+    ),
+    "store_decode_misses_newest": PressureMutant(
+        store_decode_misses_newest,
+        tuple(
+            f"test_model_logits::TestModelLogits::test_a_v1_prefill_and_the_first_decode_step[{p}]"
+            for p in (1, 5, 16)
         ),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(

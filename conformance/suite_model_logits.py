@@ -1,0 +1,119 @@
+"""Model runner conformance tests of logits against transformers (specs/golden.md GLD-010,
+GLD-011, GLD-012), on a tiny seeded Qwen3 checkpoint run by the backend's own
+``create_model_runner``: a cache-less (v0) plan and a paged (v1) prefill give every position's
+logits, and the first decode step over the cached prompt gives the next one's, within the
+float32 tolerance of transformers' eager forward on the same tokens. Subclass
+:class:`ModelLogitsSuite` to run these against a runner of yours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from pagedkv.interfaces import Backend, ModelBackend, StepRunner
+from pagedkv.plan import SeqChunk
+from pagedkv.plan_builders import build_paged_plan, build_recompute_plan
+from pagedkv.testing.tiny_qwen3 import PRESETS, reference_logits
+
+from .golden_harness import GoldenCheckpoints
+
+#: Max abs logit difference against transformers, float32 (GLD-010..GLD-012).
+FP32_ATOL = 1e-4
+#: Prompt lengths of the ragged batch: none is a multiple of 5, one of 16, one is 1.
+PROMPT_LENGTHS = (13, 1, 32, 7)
+PRESET = sorted(PRESETS)[0]
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+
+
+def page_tables(lengths: Sequence[int], page_size: int) -> list[tuple[int, ...]]:
+    """Fresh pages for each sequence, in order, enough for ``length`` positions."""
+    tables, first = [], 0
+    for length in lengths:
+        count = -(-length // page_size)
+        tables.append(tuple(range(first, first + count)))
+        first += count
+    return tables
+
+
+def split_rows(logits: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
+    out, row = [], 0
+    for length in lengths:
+        out.append(logits[row : row + length])
+        row += length
+    return out
+
+
+@pytest.mark.requires("model")
+class ModelLogitsSuite:
+    """Logits of whole prompts and of the first decode step, against transformers."""
+
+    def runner(
+        self, backend: Backend, checkpoints: GoldenCheckpoints, num_pages: int | None, page: int
+    ) -> StepRunner:
+        assert isinstance(backend, ModelBackend)
+        path = str(checkpoints.path(PRESET))
+        return backend.create_model_runner(path, num_pages=num_pages, page_size=page)
+
+    @pytest.mark.spec("GLD-010")
+    def test_a_v0_plan_gives_every_positions_logits(
+        self, backend: Backend, golden_checkpoints: GoldenCheckpoints
+    ) -> None:
+        """The ragged batch in one cache-less plan, every row's logits asked for."""
+        batch = prompts(PRESETS[PRESET].vocab)
+        reference = golden_checkpoints.reference(PRESET, "float32", "cpu")
+        runner = self.runner(backend, golden_checkpoints, None, 4)
+        plan = build_recompute_plan([SeqChunk(tuple(p), 0, (), True) for p in batch], "cpu")
+        logits = runner.execute(plan)
+        assert logits.shape[0] == plan.num_tokens, "not every row's logits"
+        got = split_rows(logits.float().cpu(), [len(p) for p in batch])
+        for prompt, rows in zip(batch, got, strict=True):
+            want = reference_logits(reference, prompt)
+            assert float((rows - want).abs().max()) <= FP32_ATOL
+
+    @pytest.mark.spec("GLD-011", "GLD-012")
+    @pytest.mark.parametrize("page_size", [1, 5, 16])
+    def test_a_v1_prefill_and_the_first_decode_step(
+        self, backend: Backend, golden_checkpoints: GoldenCheckpoints, page_size: int
+    ) -> None:
+        """The ragged batch prefilled whole in one paged plan (every row's logits), then one
+        decode step per sequence over its cached prompt with the reference's greedy token:
+        each within the tolerance of transformers on the prompt and on the prompt plus that
+        token."""
+        batch = prompts(PRESETS[PRESET].vocab)
+        reference = golden_checkpoints.reference(PRESET, "float32", "cpu")
+        lengths = [len(p) for p in batch]
+        tables = page_tables([n + 1 for n in lengths], page_size)
+        num_pages = sum(len(t) for t in tables)
+        runner = self.runner(backend, golden_checkpoints, num_pages, page_size)
+        prefill = build_paged_plan(
+            [SeqChunk(tuple(p), 0, t, True) for p, t in zip(batch, tables, strict=True)],
+            page_size,
+            "cpu",
+        )
+        logits = runner.execute(prefill)
+        assert logits.shape[0] == prefill.num_tokens, "not every row's logits"
+        got = split_rows(logits.float().cpu(), lengths)
+        nexts = []
+        for prompt, rows in zip(batch, got, strict=True):
+            want = reference_logits(reference, prompt)
+            assert float((rows - want).abs().max()) <= FP32_ATOL, "prefill logits"
+            nexts.append(int(want[-1].argmax()))
+        decode = build_paged_plan(
+            [
+                SeqChunk((token,), len(prompt), table)
+                for prompt, token, table in zip(batch, nexts, tables, strict=True)
+            ],
+            page_size,
+            "cpu",
+        )
+        stepped = runner.execute(decode).float().cpu()
+        for b, (prompt, token) in enumerate(zip(batch, nexts, strict=True)):
+            want = reference_logits(reference, [*prompt, token])[-1]
+            assert float((stepped[b] - want).abs().max()) <= FP32_ATOL, f"decode of {b}"
