@@ -1,8 +1,9 @@
-"""Model runner conformance tests of logits against transformers (specs/golden.md GLD-010,
-GLD-011, GLD-012), on a tiny seeded Qwen3 checkpoint run by the backend's own
-``create_model_runner``: a cache-less (v0) plan and a paged (v1) prefill give every position's
-logits, and the first decode step over the cached prompt gives the next one's, within the
-float32 tolerance of transformers' eager forward on the same tokens. Subclass
+"""Model runner conformance tests of logits against transformers (specs/golden.md GLD-010..013),
+on a tiny seeded Qwen3 checkpoint run by the backend's own ``create_model_runner``: a
+cache-less (v0) plan and a paged (v1) prefill give every position's logits, the first decode
+step over the cached prompt gives the next one's, and a prompt computed in chunks starting
+mid-page beside another sequence's decodes gives every position's, within the float32
+tolerance of transformers' eager forward on the same tokens. Subclass
 :class:`ModelLogitsSuite` to run these against a runner of yours.
 """
 
@@ -117,3 +118,31 @@ class ModelLogitsSuite:
         for b, (prompt, token) in enumerate(zip(batch, nexts, strict=True)):
             want = reference_logits(reference, [*prompt, token])[-1]
             assert float((stepped[b] - want).abs().max()) <= FP32_ATOL, f"decode of {b}"
+
+    @pytest.mark.spec("GLD-013")
+    def test_chunks_starting_mid_page_beside_decodes(
+        self, backend: Backend, golden_checkpoints: GoldenCheckpoints
+    ) -> None:
+        """Pages of 5: a 32-token prompt computed in chunks of 11, 11 and 10 (the second and
+        third start mid-page), sharing each step with a 7-token prompt's prefill and then its
+        decode tokens: every row of the chunks and every decode row within the tolerance."""
+        long, short = prompts(PRESETS[PRESET].vocab)[2], prompts(PRESETS[PRESET].vocab)[3]
+        reference = golden_checkpoints.reference(PRESET, "float32", "cpu")
+        want_long = reference_logits(reference, long)
+        long_pages, short_pages = page_tables([len(long), len(short) + 2], 5)
+        runner = self.runner(backend, golden_checkpoints, len(long_pages) + len(short_pages), 5)
+        context = list(short)
+        for step, (start, stop) in enumerate([(0, 11), (11, 22), (22, 32)]):
+            chunk = SeqChunk(tuple(long[start:stop]), start, long_pages, True)
+            if step == 0:
+                other = SeqChunk(tuple(short), 0, short_pages, True)
+            else:
+                other = SeqChunk((context[-1],), len(context) - 1, short_pages)
+            logits = runner.execute(build_paged_plan([chunk, other], 5, "cpu")).float().cpu()
+            rows = stop - start
+            got = float((logits[:rows] - want_long[start:stop]).abs().max())
+            assert got <= FP32_ATOL, f"chunk {start}..{stop}: {got}"
+            want_short = reference_logits(reference, context)
+            tail = want_short if step == 0 else want_short[-1:]
+            assert float((logits[rows:] - tail).abs().max()) <= FP32_ATOL, f"decode at {step}"
+            context.append(int(want_short[-1].argmax()))

@@ -17,8 +17,9 @@ should refuse (ENG-152, ENG-062), reporting empty log-probabilities (ENG-142), p
 log-probabilities one position late (ENG-049) or with holes (ENG-132), trying stop strings
 longest first (ENG-144), holding back text a kept stop string cannot trim (ENG-145). A model
 runner sizing its rotary table by its first plan (GLD-014), one serving the unscaled trained
-positions (GLD-033), one computing the last rows only (GLD-010, GLD-011); and issue 14's store
-missing a decode row's own position, under a runner's first decode step (GLD-012).
+positions (GLD-033), one computing the last rows only (GLD-010, GLD-011); and issue 14's stores
+missing a decode row's own position or a chunk's cached context, under a runner's first decode
+step (GLD-012) and chunked prefill (GLD-013).
 """
 
 from __future__ import annotations
@@ -687,6 +688,12 @@ def store_decode_misses_newest() -> MutantBackend:
     return MUTANTS["store_decode_misses_newest"].build()
 
 
+def store_chunk_ignores_cached_context() -> MutantBackend:
+    """Issue 14's store whose multi-row chunk attends only over its own rows, here under a
+    runner's chunked prefill (GLD-013)."""
+    return MUTANTS["store_chunk_ignores_cached_context"].build()
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -855,6 +862,10 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
             f"test_model_logits::TestModelLogits::test_a_v1_prefill_and_the_first_decode_step[{p}]"
             for p in (1, 5, 16)
         ),
+    ),
+    "store_chunk_ignores_cached_context": PressureMutant(
+        store_chunk_ignores_cached_context,
+        ("test_model_logits::TestModelLogits::test_chunks_starting_mid_page_beside_decodes",),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
         store_pads_decode_with_stale_slots,
