@@ -3,7 +3,8 @@ on a tiny seeded Qwen3 checkpoint run by the backend's own ``create_model_runner
 cache-less (v0) plan and a paged (v1) prefill give every position's logits, the first decode
 step over the cached prompt gives the next one's, and a prompt computed in chunks starting
 mid-page beside another sequence's decodes gives every position's, within the float32
-tolerance of transformers' eager forward on the same tokens. Subclass
+tolerance of transformers' eager forward on the same tokens; for the dense preset and every
+Qwen3-MoE preset (GLD-041). Subclass
 :class:`ModelLogitsSuite` to run these against a runner of yours.
 """
 
@@ -17,7 +18,7 @@ import torch
 from pagedkv.interfaces import Backend, ModelBackend, StepRunner
 from pagedkv.plan import SeqChunk
 from pagedkv.plan_builders import build_paged_plan, build_recompute_plan
-from pagedkv.testing.tiny_qwen3 import PRESETS, reference_logits
+from pagedkv.testing.tiny_qwen3 import FAMILY_PRESETS, PRESETS, preset_spec, reference_logits
 
 from .golden_harness import GoldenCheckpoints
 
@@ -25,7 +26,8 @@ from .golden_harness import GoldenCheckpoints
 FP32_ATOL = 1e-4
 #: Prompt lengths of the ragged batch: none is a multiple of 5, one of 16, one is 1.
 PROMPT_LENGTHS = (13, 1, 32, 7)
-PRESET = sorted(PRESETS)[0]
+#: The dense preset, and every Qwen3-MoE preset (GLD-041: the same checks).
+MODELS = [sorted(PRESETS)[0], *sorted(n for n, s in FAMILY_PRESETS.items() if s.is_moe)]
 
 
 def prompts(vocab: int) -> list[list[int]]:
@@ -56,20 +58,26 @@ class ModelLogitsSuite:
     """Logits of whole prompts and of the first decode step, against transformers."""
 
     def runner(
-        self, backend: Backend, checkpoints: GoldenCheckpoints, num_pages: int | None, page: int
+        self,
+        backend: Backend,
+        checkpoints: GoldenCheckpoints,
+        preset: str,
+        num_pages: int | None,
+        page: int,
     ) -> StepRunner:
         assert isinstance(backend, ModelBackend)
-        path = str(checkpoints.path(PRESET))
+        path = str(checkpoints.path(preset))
         return backend.create_model_runner(path, num_pages=num_pages, page_size=page)
 
-    @pytest.mark.spec("GLD-010")
+    @pytest.mark.spec("GLD-010", "GLD-041")
+    @pytest.mark.parametrize("preset", MODELS)
     def test_a_v0_plan_gives_every_positions_logits(
-        self, backend: Backend, golden_checkpoints: GoldenCheckpoints
+        self, backend: Backend, golden_checkpoints: GoldenCheckpoints, preset: str
     ) -> None:
         """The ragged batch in one cache-less plan, every row's logits asked for."""
-        batch = prompts(PRESETS[PRESET].vocab)
-        reference = golden_checkpoints.reference(PRESET, "float32", "cpu")
-        runner = self.runner(backend, golden_checkpoints, None, 4)
+        batch = prompts(preset_spec(preset).vocab)
+        reference = golden_checkpoints.reference(preset, "float32", "cpu")
+        runner = self.runner(backend, golden_checkpoints, preset, None, 4)
         plan = build_recompute_plan([SeqChunk(tuple(p), 0, (), True) for p in batch], "cpu")
         logits = runner.execute(plan)
         assert logits.shape[0] == plan.num_tokens, "not every row's logits"
@@ -78,21 +86,22 @@ class ModelLogitsSuite:
             want = reference_logits(reference, prompt)
             assert float((rows - want).abs().max()) <= FP32_ATOL
 
-    @pytest.mark.spec("GLD-011", "GLD-012")
+    @pytest.mark.spec("GLD-011", "GLD-012", "GLD-041")
+    @pytest.mark.parametrize("preset", MODELS)
     @pytest.mark.parametrize("page_size", [1, 5, 16])
     def test_a_v1_prefill_and_the_first_decode_step(
-        self, backend: Backend, golden_checkpoints: GoldenCheckpoints, page_size: int
+        self, backend: Backend, golden_checkpoints: GoldenCheckpoints, page_size: int, preset: str
     ) -> None:
         """The ragged batch prefilled whole in one paged plan (every row's logits), then one
         decode step per sequence over its cached prompt with the reference's greedy token:
         each within the tolerance of transformers on the prompt and on the prompt plus that
         token."""
-        batch = prompts(PRESETS[PRESET].vocab)
-        reference = golden_checkpoints.reference(PRESET, "float32", "cpu")
+        batch = prompts(preset_spec(preset).vocab)
+        reference = golden_checkpoints.reference(preset, "float32", "cpu")
         lengths = [len(p) for p in batch]
         tables = page_tables([n + 1 for n in lengths], page_size)
         num_pages = sum(len(t) for t in tables)
-        runner = self.runner(backend, golden_checkpoints, num_pages, page_size)
+        runner = self.runner(backend, golden_checkpoints, preset, num_pages, page_size)
         prefill = build_paged_plan(
             [SeqChunk(tuple(p), 0, t, True) for p, t in zip(batch, tables, strict=True)],
             page_size,
@@ -119,18 +128,21 @@ class ModelLogitsSuite:
             want = reference_logits(reference, [*prompt, token])[-1]
             assert float((stepped[b] - want).abs().max()) <= FP32_ATOL, f"decode of {b}"
 
-    @pytest.mark.spec("GLD-013")
+    @pytest.mark.spec("GLD-013", "GLD-041")
+    @pytest.mark.parametrize("preset", MODELS)
     def test_chunks_starting_mid_page_beside_decodes(
-        self, backend: Backend, golden_checkpoints: GoldenCheckpoints
+        self, backend: Backend, golden_checkpoints: GoldenCheckpoints, preset: str
     ) -> None:
         """Pages of 5: a 32-token prompt computed in chunks of 11, 11 and 10 (the second and
         third start mid-page), sharing each step with a 7-token prompt's prefill and then its
         decode tokens: every row of the chunks and every decode row within the tolerance."""
-        long, short = prompts(PRESETS[PRESET].vocab)[2], prompts(PRESETS[PRESET].vocab)[3]
-        reference = golden_checkpoints.reference(PRESET, "float32", "cpu")
+        long, short = prompts(preset_spec(preset).vocab)[2], prompts(preset_spec(preset).vocab)[3]
+        reference = golden_checkpoints.reference(preset, "float32", "cpu")
         want_long = reference_logits(reference, long)
         long_pages, short_pages = page_tables([len(long), len(short) + 2], 5)
-        runner = self.runner(backend, golden_checkpoints, len(long_pages) + len(short_pages), 5)
+        runner = self.runner(
+            backend, golden_checkpoints, preset, len(long_pages) + len(short_pages), 5
+        )
         context = list(short)
         for step, (start, stop) in enumerate([(0, 11), (11, 22), (22, 32)]):
             chunk = SeqChunk(tuple(long[start:stop]), start, long_pages, True)

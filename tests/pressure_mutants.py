@@ -707,6 +707,9 @@ class PressureMutant:
 
 
 STORE = "test_paged_store::TestPagedStore::"
+LOGITS = "test_model_logits::TestModelLogits::"
+#: A dense and a Qwen3-MoE preset of the logits suite (GLD-041 holds MoE to the same checks).
+CHECKED_MODELS = ("tied-gqa2", "moe-top2-norm")
 
 PRESSURE_MUTANTS: dict[str, PressureMutant] = {
     "engine_forks_wait_last": PressureMutant(
@@ -848,24 +851,29 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
     ),
     "runner_last_rows_only": PressureMutant(
         runner_last_rows_only,
-        (
-            "test_model_logits::TestModelLogits::test_a_v0_plan_gives_every_positions_logits",
-            *(
-                f"test_model_logits::TestModelLogits::test_a_v1_prefill_and_the_first_decode_step[{p}]"
-                for p in (1, 5, 16)
-            ),
+        tuple(
+            f"{LOGITS}{test}"
+            for preset in CHECKED_MODELS
+            for test in (
+                f"test_a_v0_plan_gives_every_positions_logits[{preset}]",
+                *(f"test_a_v1_prefill_and_the_first_decode_step[{p}-{preset}]" for p in (1, 5, 16)),
+            )
         ),
     ),
     "store_decode_misses_newest": PressureMutant(
         store_decode_misses_newest,
         tuple(
-            f"test_model_logits::TestModelLogits::test_a_v1_prefill_and_the_first_decode_step[{p}]"
+            f"{LOGITS}test_a_v1_prefill_and_the_first_decode_step[{p}-{preset}]"
+            for preset in CHECKED_MODELS
             for p in (1, 5, 16)
         ),
     ),
     "store_chunk_ignores_cached_context": PressureMutant(
         store_chunk_ignores_cached_context,
-        ("test_model_logits::TestModelLogits::test_chunks_starting_mid_page_beside_decodes",),
+        tuple(
+            f"{LOGITS}test_chunks_starting_mid_page_beside_decodes[{preset}]"
+            for preset in CHECKED_MODELS
+        ),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
         store_pads_decode_with_stale_slots,
