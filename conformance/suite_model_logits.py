@@ -26,13 +26,16 @@ from .golden_harness import GoldenCheckpoints
 FP32_ATOL = 1e-4
 #: Prompt lengths of the ragged batch: none is a multiple of 5, one of 16, one is 1.
 PROMPT_LENGTHS = (13, 1, 32, 7)
+#: The scaled-RoPE presets and a prompt length past each one's original context (GLD-032).
+SCALED = sorted(n for n, s in FAMILY_PRESETS.items() if s.rope_scaling)
+SCALED_LENGTHS = (13, 1, 60, 7)
 #: The dense preset, and every Qwen3-MoE preset (GLD-041: the same checks).
 MODELS = [sorted(PRESETS)[0], *sorted(n for n, s in FAMILY_PRESETS.items() if s.is_moe)]
 
 
-def prompts(vocab: int) -> list[list[int]]:
+def prompts(vocab: int, lengths: Sequence[int] = PROMPT_LENGTHS) -> list[list[int]]:
     gen = torch.Generator().manual_seed(0)
-    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
 def page_tables(lengths: Sequence[int], page_size: int) -> list[tuple[int, ...]]:
@@ -158,3 +161,38 @@ class ModelLogitsSuite:
             tail = want_short if step == 0 else want_short[-1:]
             assert float((logits[rows:] - tail).abs().max()) <= FP32_ATOL, f"decode at {step}"
             context.append(int(want_short[-1].argmax()))
+
+    @pytest.mark.spec("GLD-032")
+    @pytest.mark.parametrize("preset", SCALED)
+    def test_scaled_rope_logits_past_the_original_context(
+        self, backend: Backend, golden_checkpoints: GoldenCheckpoints, preset: str
+    ) -> None:
+        """Each scaled-RoPE preset (YaRN, linear, Llama 3, proportional) on prompts of up to 60
+        tokens, past its original context: a v0 plan's and a v1 prefill's (pages of 5) logits
+        at every position, and the first decode step's, within the float32 tolerance."""
+        batch = prompts(preset_spec(preset).vocab, SCALED_LENGTHS)
+        reference = golden_checkpoints.reference(preset, "float32", "cpu")
+        lengths = [len(p) for p in batch]
+        wants = [reference_logits(reference, p) for p in batch]
+        v0 = self.runner(backend, golden_checkpoints, preset, None, 4)
+        plan = build_recompute_plan([SeqChunk(tuple(p), 0, (), True) for p in batch], "cpu")
+        for rows, want in zip(
+            split_rows(v0.execute(plan).float().cpu(), lengths), wants, strict=True
+        ):
+            assert rows.shape == want.shape, "not every row's logits"
+            assert float((rows - want).abs().max()) <= FP32_ATOL, "v0 logits"
+        tables = page_tables([n + 1 for n in lengths], 5)
+        v1 = self.runner(backend, golden_checkpoints, preset, sum(len(t) for t in tables), 5)
+        chunks = [SeqChunk(tuple(p), 0, t, True) for p, t in zip(batch, tables, strict=True)]
+        prefill = v1.execute(build_paged_plan(chunks, 5, "cpu")).float().cpu()
+        for rows, want in zip(split_rows(prefill, lengths), wants, strict=True):
+            assert rows.shape == want.shape, "not every row's logits"
+            assert float((rows - want).abs().max()) <= FP32_ATOL, "v1 prefill logits"
+        nexts = [int(want[-1].argmax()) for want in wants]
+        decode = [
+            SeqChunk((token,), len(p), t) for p, token, t in zip(batch, nexts, tables, strict=True)
+        ]
+        stepped = v1.execute(build_paged_plan(decode, 5, "cpu")).float().cpu()
+        for b, (p, token) in enumerate(zip(batch, nexts, strict=True)):
+            want = reference_logits(reference, [*p, token])[-1]
+            assert float((stepped[b] - want).abs().max()) <= FP32_ATOL, f"decode of {b}"

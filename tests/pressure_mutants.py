@@ -17,7 +17,8 @@ should refuse (ENG-152, ENG-062), reporting empty log-probabilities (ENG-142), p
 log-probabilities one position late (ENG-049) or with holes (ENG-132), trying stop strings
 longest first (ENG-144), holding back text a kept stop string cannot trim (ENG-145). A model
 runner sizing its rotary table by its first plan (GLD-014), one serving the unscaled trained
-positions (GLD-033), one computing the last rows only (GLD-010, GLD-011); and issue 14's stores
+positions (GLD-033), one computing the last rows only (GLD-010, GLD-011), one ignoring
+``rope_scaling`` (GLD-032); and issue 14's stores
 missing a decode row's own position or a chunk's cached context, under a runner's first decode
 step (GLD-012) and chunked prefill (GLD-013).
 """
@@ -27,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -694,6 +697,40 @@ def store_chunk_ignores_cached_context() -> MutantBackend:
     return MUTANTS["store_chunk_ignores_cached_context"].build()
 
 
+@dataclass(frozen=True)
+class RopeScalingIgnoredBackend(ReferenceBackend):
+    """The reference whose model runners read a checkpoint without its ``rope_scaling``, as a
+    loader that knows only the plain RoPE would (GLD-032)."""
+
+    name: str = "mutant: rope_scaling ignored"
+
+    def create_model_runner(
+        self,
+        model_dir: str,
+        *,
+        num_pages: int | None,
+        page_size: int,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> StepRunner:
+        plain = Path(tempfile.mkdtemp(prefix="rope-ignored-")) / "model"
+        shutil.copytree(model_dir, plain)
+        config = json.loads((plain / "config.json").read_text(encoding="utf-8"))
+        config.pop("rope_scaling", None)
+        params = config.get("rope_parameters")
+        if isinstance(params, dict):
+            theta = params.get("rope_theta", config.get("rope_theta"))
+            config["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+        (plain / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        return super().create_model_runner(
+            str(plain), num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
+        )
+
+
+def runner_rope_scaling_ignored() -> RopeScalingIgnoredBackend:
+    return RopeScalingIgnoredBackend()
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -873,6 +910,13 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
         tuple(
             f"{LOGITS}test_chunks_starting_mid_page_beside_decodes[{preset}]"
             for preset in CHECKED_MODELS
+        ),
+    ),
+    "runner_rope_scaling_ignored": PressureMutant(
+        runner_rope_scaling_ignored,
+        tuple(
+            f"{LOGITS}test_scaled_rope_logits_past_the_original_context[{preset}]"
+            for preset in ("linear", "llama3", "yarn")
         ),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
