@@ -24,6 +24,10 @@ from .golden_harness import GoldenCheckpoints
 
 #: Max abs logit difference against transformers, float32 (GLD-010..GLD-012).
 FP32_ATOL = 1e-4
+#: Max abs logit difference against transformers run in the same 16-bit dtype (GLD-016).
+HALF_ATOL = {"bfloat16": 1.0, "float16": 0.25}
+#: Max abs logit difference of a 16-bit run against the float32 reference (GLD-016).
+HALF_VS_FP32_ATOL = {"bfloat16": 1.5, "float16": 0.25}
 #: Prompt lengths of the ragged batch: none is a multiple of 5, one of 16, one is 1.
 PROMPT_LENGTHS = (13, 1, 32, 7)
 #: The scaled-RoPE presets and a prompt length past each one's original context (GLD-032).
@@ -67,10 +71,11 @@ class ModelLogitsSuite:
         preset: str,
         num_pages: int | None,
         page: int,
+        dtype: str = "float32",
     ) -> StepRunner:
         assert isinstance(backend, ModelBackend)
-        path = str(checkpoints.path(preset))
-        return backend.create_model_runner(path, num_pages=num_pages, page_size=page)
+        path = str(checkpoints.path(preset, dtype))
+        return backend.create_model_runner(path, num_pages=num_pages, page_size=page, dtype=dtype)
 
     @pytest.mark.spec("GLD-010", "GLD-041")
     @pytest.mark.parametrize("preset", MODELS)
@@ -196,3 +201,34 @@ class ModelLogitsSuite:
         for b, (p, token) in enumerate(zip(batch, nexts, strict=True)):
             want = reference_logits(reference, [*p, token])[-1]
             assert float((stepped[b] - want).abs().max()) <= FP32_ATOL, f"decode of {b}"
+
+    @pytest.mark.spec("GLD-016")
+    @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+    def test_16_bit_checkpoints_run_to_float32_logits(
+        self, backend: Backend, golden_checkpoints: GoldenCheckpoints, dtype: str
+    ) -> None:
+        """The dense checkpoint stored in 16 bits, run in that dtype: a v0 plan's and a v1
+        prefill's (pages of 5) logits at every position are finite float32, within the 16-bit
+        tolerance of transformers in the same dtype and of the float32 reference."""
+        preset = MODELS[0]
+        batch = prompts(preset_spec(preset).vocab)
+        lengths = [len(p) for p in batch]
+        same = golden_checkpoints.reference(preset, dtype, "cpu")
+        full = golden_checkpoints.reference(preset, "float32", "cpu")
+        v0 = self.runner(backend, golden_checkpoints, preset, None, 4, dtype)
+        plan = build_recompute_plan([SeqChunk(tuple(p), 0, (), True) for p in batch], "cpu")
+        tables = page_tables(lengths, 5)
+        v1 = self.runner(backend, golden_checkpoints, preset, sum(len(t) for t in tables), 5, dtype)
+        chunks = [SeqChunk(tuple(p), 0, t, True) for p, t in zip(batch, tables, strict=True)]
+        for logits in (v0.execute(plan), v1.execute(build_paged_plan(chunks, 5, "cpu"))):
+            assert logits.dtype == torch.float32, f"logits in {logits.dtype}"
+            assert bool(torch.isfinite(logits).all()), "non-finite logits"
+            for prompt, rows in zip(batch, split_rows(logits.cpu(), lengths), strict=True):
+                assert rows.shape[0] == len(prompt), "not every row's logits"
+                assert (
+                    float((rows - reference_logits(same, prompt)).abs().max()) <= HALF_ATOL[dtype]
+                )
+                assert (
+                    float((rows - reference_logits(full, prompt)).abs().max())
+                    <= (HALF_VS_FP32_ATOL[dtype])
+                )

@@ -18,7 +18,7 @@ log-probabilities one position late (ENG-049) or with holes (ENG-132), trying st
 longest first (ENG-144), holding back text a kept stop string cannot trim (ENG-145). A model
 runner sizing its rotary table by its first plan (GLD-014), one serving the unscaled trained
 positions (GLD-033), one computing the last rows only (GLD-010, GLD-011), one ignoring
-``rope_scaling`` (GLD-032); and issue 14's stores
+``rope_scaling`` (GLD-032), one returning 16-bit logits (GLD-016); and issue 14's stores
 missing a decode row's own position or a chunk's cached context, under a runner's first decode
 step (GLD-012) and chunked prefill (GLD-013).
 """
@@ -731,6 +731,42 @@ def runner_rope_scaling_ignored() -> RopeScalingIgnoredBackend:
     return RopeScalingIgnoredBackend()
 
 
+class LogitsInTheModelDtype(DelegatingRunner):
+    """Returns a 16-bit model's logits in its own dtype instead of float32 (GLD-016)."""
+
+    def __init__(self, inner: StepRunner, dtype: torch.dtype) -> None:
+        super().__init__(inner)
+        self.dtype = dtype
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        return self.inner.execute(plan).to(self.dtype)
+
+
+@dataclass(frozen=True)
+class ModelDtypeLogitsBackend(ReferenceBackend):
+    """The reference whose 16-bit model runners return 16-bit logits."""
+
+    name: str = "mutant: logits in the model's dtype"
+
+    def create_model_runner(
+        self,
+        model_dir: str,
+        *,
+        num_pages: int | None,
+        page_size: int,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> StepRunner:
+        inner = super().create_model_runner(
+            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
+        )
+        return LogitsInTheModelDtype(inner, getattr(torch, dtype))
+
+
+def runner_logits_in_the_model_dtype() -> ModelDtypeLogitsBackend:
+    return ModelDtypeLogitsBackend()
+
+
 # -- what catches them -------------------------------------------------------------------------
 
 
@@ -917,6 +953,13 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
         tuple(
             f"{LOGITS}test_scaled_rope_logits_past_the_original_context[{preset}]"
             for preset in ("linear", "llama3", "yarn")
+        ),
+    ),
+    "runner_logits_in_the_model_dtype": PressureMutant(
+        runner_logits_in_the_model_dtype,
+        tuple(
+            f"{LOGITS}test_16_bit_checkpoints_run_to_float32_logits[{dtype}]"
+            for dtype in ("bfloat16", "float16")
         ),
     ),
     "store_pads_decode_with_stale_slots": PressureMutant(
