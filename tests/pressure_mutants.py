@@ -52,6 +52,7 @@ from pagedkv.interfaces import (
     KVManager,
     KVManagerConfig,
     PrefixMatch,
+    StepRunner,
 )
 from pagedkv.plan import StepPlan
 from pagedkv.testing.delegating_runner import DelegatingRunner
@@ -61,7 +62,6 @@ if TYPE_CHECKING:
     from pagedkv.engine.engine import LLMEngine
     from pagedkv.engine.generation_config import GenerationDefaults
     from pagedkv.engine.tokenizer import Tokenizer
-    from pagedkv.interfaces import StepRunner
 
 #: The share of a decode group's longest context every context of the group reaches (the
 #: grouping PST-017 asks for).
@@ -573,6 +573,33 @@ def store_last_prepared_wins() -> MutantBackend:
     )
 
 
+#: Wraps a reference model runner in a broken one, given the runner, the checkpoint's folder
+#: and the dtype name it was loaded in.
+RunnerWrap = Callable[[StepRunner, str, str], StepRunner]
+
+
+@dataclass(frozen=True)
+class WrappedRunnerBackend(ReferenceBackend):
+    """The reference whose model runners are wrapped by ``wrap``: one runner-level mistake."""
+
+    name: str = "mutant: a wrapped model runner"
+    wrap: RunnerWrap = dataclasses.field(kw_only=True, repr=False)
+
+    def create_model_runner(
+        self,
+        model_dir: str,
+        *,
+        num_pages: int | None,
+        page_size: int,
+        dtype: str = "float32",
+        device: str = "cpu",
+    ) -> StepRunner:
+        inner = super().create_model_runner(
+            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
+        )
+        return self.wrap(inner, model_dir, dtype)
+
+
 class RotaryTableSizedByFirstPlan(DelegatingRunner):
     """Sizes its rotary table by the positions of the first plan it runs and clamps later
     positions to it, as a lazily built cache never grown would (GLD-014): a plan's logits then
@@ -587,29 +614,11 @@ class RotaryTableSizedByFirstPlan(DelegatingRunner):
         return self.inner.execute(dataclasses.replace(plan, positions=positions))
 
 
-@dataclass(frozen=True)
-class FirstPlanRotaryBackend(ReferenceBackend):
-    """The reference whose model runners size their rotary table by their first plan."""
-
-    name: str = "mutant: rotary table sized by the first plan"
-
-    def create_model_runner(
-        self,
-        model_dir: str,
-        *,
-        num_pages: int | None,
-        page_size: int,
-        dtype: str = "float32",
-        device: str = "cpu",
-    ) -> StepRunner:
-        inner = super().create_model_runner(
-            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
-        )
-        return RotaryTableSizedByFirstPlan(inner)
-
-
-def runner_rotary_table_sized_by_first_plan() -> FirstPlanRotaryBackend:
-    return FirstPlanRotaryBackend()
+def runner_rotary_table_sized_by_first_plan() -> WrappedRunnerBackend:
+    return WrappedRunnerBackend(
+        name="mutant: rotary table sized by the first plan",
+        wrap=lambda runner, _, __: RotaryTableSizedByFirstPlan(runner),
+    )
 
 
 class ServesTheTrainedPositions(DelegatingRunner):
@@ -625,30 +634,18 @@ class ServesTheTrainedPositions(DelegatingRunner):
         return self.trained
 
 
-@dataclass(frozen=True)
-class UnscaledContextBackend(ReferenceBackend):
-    """The reference whose model runners serve the unscaled trained positions."""
-
-    name: str = "mutant: served context ignores the RoPE scaling"
-
-    def create_model_runner(
-        self,
-        model_dir: str,
-        *,
-        num_pages: int | None,
-        page_size: int,
-        dtype: str = "float32",
-        device: str = "cpu",
-    ) -> StepRunner:
-        inner = super().create_model_runner(
-            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
-        )
-        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        return ServesTheTrainedPositions(inner, int(config["max_position_embeddings"]))
+def _trained_positions(model_dir: str) -> int:
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    return int(config["max_position_embeddings"])
 
 
-def runner_serves_the_trained_positions() -> UnscaledContextBackend:
-    return UnscaledContextBackend()
+def runner_serves_the_trained_positions() -> WrappedRunnerBackend:
+    return WrappedRunnerBackend(
+        name="mutant: served context ignores the RoPE scaling",
+        wrap=lambda runner, model_dir, _: ServesTheTrainedPositions(
+            runner, _trained_positions(model_dir)
+        ),
+    )
 
 
 class LastRowsOnly(DelegatingRunner):
@@ -660,29 +657,11 @@ class LastRowsOnly(DelegatingRunner):
         return self.inner.execute(dataclasses.replace(plan, logits_indices=last))
 
 
-@dataclass(frozen=True)
-class LastRowsBackend(ReferenceBackend):
-    """The reference whose model runners compute each sequence's last row only."""
-
-    name: str = "mutant: logits of the last rows only"
-
-    def create_model_runner(
-        self,
-        model_dir: str,
-        *,
-        num_pages: int | None,
-        page_size: int,
-        dtype: str = "float32",
-        device: str = "cpu",
-    ) -> StepRunner:
-        inner = super().create_model_runner(
-            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
-        )
-        return LastRowsOnly(inner)
-
-
-def runner_last_rows_only() -> LastRowsBackend:
-    return LastRowsBackend()
+def runner_last_rows_only() -> WrappedRunnerBackend:
+    return WrappedRunnerBackend(
+        name="mutant: logits of the last rows only",
+        wrap=lambda runner, _, __: LastRowsOnly(runner),
+    )
 
 
 def store_decode_misses_newest() -> MutantBackend:
@@ -742,29 +721,11 @@ class LogitsInTheModelDtype(DelegatingRunner):
         return self.inner.execute(plan).to(self.dtype)
 
 
-@dataclass(frozen=True)
-class ModelDtypeLogitsBackend(ReferenceBackend):
-    """The reference whose 16-bit model runners return 16-bit logits."""
-
-    name: str = "mutant: logits in the model's dtype"
-
-    def create_model_runner(
-        self,
-        model_dir: str,
-        *,
-        num_pages: int | None,
-        page_size: int,
-        dtype: str = "float32",
-        device: str = "cpu",
-    ) -> StepRunner:
-        inner = super().create_model_runner(
-            model_dir, num_pages=num_pages, page_size=page_size, dtype=dtype, device=device
-        )
-        return LogitsInTheModelDtype(inner, getattr(torch, dtype))
-
-
-def runner_logits_in_the_model_dtype() -> ModelDtypeLogitsBackend:
-    return ModelDtypeLogitsBackend()
+def runner_logits_in_the_model_dtype() -> WrappedRunnerBackend:
+    return WrappedRunnerBackend(
+        name="mutant: logits in the model's dtype",
+        wrap=lambda runner, _, dtype: LogitsInTheModelDtype(runner, getattr(torch, dtype)),
+    )
 
 
 # -- what catches them -------------------------------------------------------------------------
