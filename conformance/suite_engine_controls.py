@@ -2,17 +2,16 @@
 (specs/engine.md ENG-048), on the hash model lifted so that the repetition penalty's two
 branches both apply.
 
-The reference applies each control to one row in plain Python, in vLLM's order: ``min_tokens``
-masks EOS and stop tokens, ``logit_bias`` adds, then the repetition, frequency and presence
-penalties. A greedy request must pick, at every step, the argmax of the reference's logits.
+The reference (:func:`~pagedkv_conformance.sampling_reference.controlled_logits`) applies each
+control to one row in plain Python, in vLLM's order: ``min_tokens`` masks EOS and stop tokens,
+``logit_bias`` adds, then the repetition, frequency and presence penalties. A greedy request
+must pick, at every step, the argmax of the reference's logits.
 Subclass :class:`EngineControlSuite` to run these against an engine of yours.
 """
 
 from __future__ import annotations
 
-import math
 import random
-from collections import Counter
 from collections.abc import Sequence
 
 import pytest
@@ -26,6 +25,7 @@ from pagedkv.plan_builders import build_recompute_plan
 from pagedkv.testing.hash_runner import HashRunner
 
 from .engine_harness import EngineUnderTest
+from .sampling_reference import controlled_logits
 
 VOCAB = 37
 EOS = frozenset({5})
@@ -37,31 +37,6 @@ class ShiftedRunner(HashRunner):
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         return super().execute(plan) + 2.0
-
-
-def reference(
-    logits: Sequence[float],
-    params: SamplingParams,
-    prompt: Sequence[int],
-    output: Sequence[int],
-    stop_ids: frozenset[int] = EOS,
-) -> list[float]:
-    """One row's logits after the controls, by their definitions."""
-    x = list(logits)
-    if len(output) < params.min_tokens:
-        for token in stop_ids | set(params.stop_token_ids):
-            x[token] = -math.inf
-    for token, bias in params.bias:
-        x[token] += bias
-    counts = Counter(output)
-    seen = set(prompt) | set(output)
-    for token in range(len(x)):
-        if token in seen:
-            rp = params.repetition_penalty
-            x[token] = x[token] / rp if x[token] > 0 else x[token] * rp
-        x[token] -= params.frequency_penalty * counts[token]
-        x[token] -= params.presence_penalty * (counts[token] > 0)
-    return x
 
 
 def random_params(rng: random.Random) -> SamplingParams:
@@ -85,7 +60,7 @@ def replay(prompt: Sequence[int], params: SamplingParams, tokens: Sequence[int])
     for step, token in enumerate(tokens):
         plan = build_recompute_plan([SeqChunk(tuple(context), 0)])
         logits = ShiftedRunner(VOCAB).execute(plan)[0].tolist()
-        processed = reference(logits, params, prompt, tokens[:step])
+        processed = controlled_logits(logits, params, prompt, tokens[:step], EOS)
         best = max(range(VOCAB), key=lambda t: processed[t])
         assert token == best, f"step {step}: picked {token}, the controls make {best} the argmax"
         context.append(token)

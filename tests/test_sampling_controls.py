@@ -8,9 +8,7 @@ and the engine must pick, at every step, the argmax of the reference's logits (g
 
 from __future__ import annotations
 
-import math
 import random
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,64 +23,17 @@ from pagedkv.engine.llm import run_to_completion
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
 from pagedkv.engine.sampler import SampleRow, processed_logits, sample_rows
 from pagedkv.plan import StepPlan
-from pagedkv.testing.hash_runner import HashRunner
+from pagedkv_conformance.sampling_reference import controlled_logits
+from pagedkv_conformance.suite_engine_controls import ShiftedRunner, random_params
 
 VOCAB = 37
 CONFIG = EngineConfig(page_size=4, num_pages=64, max_model_len=128)
 EOS = frozenset({5})
 
 
-class ShiftedRunner(HashRunner):
-    """The hash stand-in with logits lifted by 2: the next few tokens have positive logits,
-    the rest negative, so the repetition penalty's two branches both apply."""
-
-    def execute(self, plan: StepPlan) -> torch.Tensor:
-        return super().execute(plan) + 2.0
-
-
 def engine(eos: frozenset[int] = EOS) -> LLMEngine:
     runner = ShiftedRunner(VOCAB, CONFIG.num_pages, CONFIG.page_size)
     return reference_backend().create_engine(runner, CONFIG, eos_ids=eos)
-
-
-def reference(
-    logits: Sequence[float],
-    params: SamplingParams,
-    prompt: Sequence[int],
-    output: Sequence[int],
-    stop_ids: frozenset[int] = EOS,
-) -> list[float]:
-    """One row's logits after the controls, by their definitions."""
-    x = list(logits)
-    if len(output) < params.min_tokens:
-        for token in stop_ids | set(params.stop_token_ids):
-            x[token] = -math.inf
-    for token, bias in params.bias:
-        x[token] += bias
-    counts = Counter(output)
-    seen = set(prompt) | set(output)
-    for token in range(len(x)):
-        if token in seen:
-            rp = params.repetition_penalty
-            x[token] = x[token] / rp if x[token] > 0 else x[token] * rp
-        x[token] -= params.frequency_penalty * counts[token]
-        x[token] -= params.presence_penalty * (counts[token] > 0)
-    return x
-
-
-def random_params(rng: random.Random) -> SamplingParams:
-    """Controls drawn at random, each absent now and then."""
-    maybe = rng.random
-    return SamplingParams(
-        max_tokens=20,
-        temperature=0.0,
-        presence_penalty=rng.uniform(-2, 2) if maybe() < 0.6 else 0.0,
-        frequency_penalty=rng.uniform(-2, 2) if maybe() < 0.6 else 0.0,
-        repetition_penalty=rng.uniform(0.2, 3.0) if maybe() < 0.6 else 1.0,
-        logit_bias={rng.randrange(VOCAB): rng.uniform(-100, 100) for _ in range(rng.randint(0, 4))},
-        min_tokens=rng.randint(0, 6),
-        stop_token_ids=tuple(rng.sample(range(VOCAB), rng.randint(0, 2))),
-    )
 
 
 @pytest.mark.spec("ENG-048")
@@ -99,7 +50,9 @@ def test_batched_controls_equal_the_reference(seed: int) -> None:
     logits = torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
     got = processed_logits(logits, rows, EOS)
     for i, row in enumerate(rows):
-        want = reference(logits[i].tolist(), row.params, row.prompt_token_ids, row.output_token_ids)
+        want = controlled_logits(
+            logits[i].tolist(), row.params, row.prompt_token_ids, row.output_token_ids, EOS
+        )
         assert got[i].tolist() == pytest.approx(want, rel=1e-5, abs=1e-5), i
     greedy = sample_rows(logits, rows, EOS)
     assert [s.token_id for s in greedy] == [int(torch.argmax(got[i])) for i in range(8)]
@@ -111,7 +64,7 @@ def replay(prompt: Sequence[int], params: SamplingParams, tokens: Sequence[int])
     for step, token in enumerate(tokens):
         runner = ShiftedRunner(VOCAB)
         logits = runner.execute(_recompute_plan(context))[0].tolist()
-        processed = reference(logits, params, prompt, tokens[:step])
+        processed = controlled_logits(logits, params, prompt, tokens[:step], EOS)
         assert token == max(range(VOCAB), key=lambda t: processed[t]), (step, tokens)
         context.append(token)
 
