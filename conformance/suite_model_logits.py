@@ -35,6 +35,8 @@ SCALED = sorted(n for n, s in FAMILY_PRESETS.items() if s.rope_scaling)
 SCALED_LENGTHS = (13, 1, 60, 7)
 #: The dense preset, and every Qwen3-MoE preset (GLD-041: the same checks).
 MODELS = [sorted(PRESETS)[0], *sorted(n for n, s in FAMILY_PRESETS.items() if s.is_moe)]
+#: Every preset and every family preset: what the CUDA checks run (GLD-017, GLD-046).
+CUDA_PRESETS = [*sorted(PRESETS), *sorted(FAMILY_PRESETS)]
 
 
 def prompts(vocab: int, lengths: Sequence[int] = PROMPT_LENGTHS) -> list[list[int]]:
@@ -72,10 +74,13 @@ class ModelLogitsSuite:
         num_pages: int | None,
         page: int,
         dtype: str = "float32",
+        device: str = "cpu",
     ) -> StepRunner:
         assert isinstance(backend, ModelBackend)
         path = str(checkpoints.path(preset, dtype))
-        return backend.create_model_runner(path, num_pages=num_pages, page_size=page, dtype=dtype)
+        return backend.create_model_runner(
+            path, num_pages=num_pages, page_size=page, dtype=dtype, device=device
+        )
 
     @pytest.mark.spec("GLD-010", "GLD-041")
     @pytest.mark.parametrize("preset", MODELS)
@@ -83,16 +88,7 @@ class ModelLogitsSuite:
         self, backend: Backend, golden_checkpoints: GoldenCheckpoints, preset: str
     ) -> None:
         """The ragged batch in one cache-less plan, every row's logits asked for."""
-        batch = prompts(preset_spec(preset).vocab)
-        reference = golden_checkpoints.reference(preset, "float32", "cpu")
-        runner = self.runner(backend, golden_checkpoints, preset, None, 4)
-        plan = build_recompute_plan([SeqChunk(tuple(p), 0, (), True) for p in batch], "cpu")
-        logits = runner.execute(plan)
-        assert logits.shape[0] == plan.num_tokens, "not every row's logits"
-        got = split_rows(logits.float().cpu(), [len(p) for p in batch])
-        for prompt, rows in zip(batch, got, strict=True):
-            want = reference_logits(reference, prompt)
-            assert float((rows - want).abs().max()) <= FP32_ATOL
+        self.check_v0_logits(backend, golden_checkpoints, preset, "cpu")
 
     @pytest.mark.spec("GLD-011", "GLD-012", "GLD-041")
     @pytest.mark.parametrize("preset", MODELS)
@@ -104,23 +100,69 @@ class ModelLogitsSuite:
         decode step per sequence over its cached prompt with the reference's greedy token:
         each within the tolerance of transformers on the prompt and on the prompt plus that
         token."""
+        self.check_v1_logits(backend, golden_checkpoints, preset, page_size, "cpu")
+
+    @pytest.mark.spec("GLD-017", "GLD-046")
+    @pytest.mark.parametrize("preset", CUDA_PRESETS)
+    def test_cuda_v0_and_v1_logits(
+        self, backend: Backend, golden_checkpoints: GoldenCheckpoints, preset: str
+    ) -> None:
+        """On a machine with CUDA, for every preset and every family preset: the v0 plan's
+        and the v1 prefill's and first decode step's logits (pages of 1, 5 and 16) on the GPU
+        within the float32 tolerance of transformers on the GPU; the same checks as the two
+        tests above, which run them on the CPU. Skipped without CUDA, or for a backend that
+        does not declare ``cuda``."""
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA device: torch.cuda.is_available() is false")
+        if "cuda" not in backend.capabilities:
+            pytest.skip(f"backend {backend.name!r} does not declare 'cuda'")
+        self.check_v0_logits(backend, golden_checkpoints, preset, "cuda")
+        for page_size in (1, 5, 16):
+            self.check_v1_logits(backend, golden_checkpoints, preset, page_size, "cuda")
+
+    def check_v0_logits(
+        self, backend: Backend, checkpoints: GoldenCheckpoints, preset: str, device: str
+    ) -> None:
+        """The ragged batch in one cache-less plan on ``device``: every position's logits
+        within the float32 tolerance of transformers on the same device."""
         batch = prompts(preset_spec(preset).vocab)
-        reference = golden_checkpoints.reference(preset, "float32", "cpu")
+        reference = checkpoints.reference(preset, "float32", device)
+        runner = self.runner(backend, checkpoints, preset, None, 4, device=device)
+        plan = build_recompute_plan([SeqChunk(tuple(p), 0, (), True) for p in batch], device)
+        logits = runner.execute(plan)
+        assert logits.shape[0] == plan.num_tokens, "not every row's logits"
+        got = split_rows(logits.float().cpu(), [len(p) for p in batch])
+        for prompt, rows in zip(batch, got, strict=True):
+            want = reference_logits(reference, prompt).cpu()
+            assert float((rows - want).abs().max()) <= FP32_ATOL
+
+    def check_v1_logits(
+        self,
+        backend: Backend,
+        checkpoints: GoldenCheckpoints,
+        preset: str,
+        page_size: int,
+        device: str,
+    ) -> None:
+        """The ragged batch prefilled in one paged plan on ``device``, then one decode step per
+        sequence: every row within the float32 tolerance of transformers on that device."""
+        batch = prompts(preset_spec(preset).vocab)
+        reference = checkpoints.reference(preset, "float32", device)
         lengths = [len(p) for p in batch]
         tables = page_tables([n + 1 for n in lengths], page_size)
         num_pages = sum(len(t) for t in tables)
-        runner = self.runner(backend, golden_checkpoints, preset, num_pages, page_size)
+        runner = self.runner(backend, checkpoints, preset, num_pages, page_size, device=device)
         prefill = build_paged_plan(
             [SeqChunk(tuple(p), 0, t, True) for p, t in zip(batch, tables, strict=True)],
             page_size,
-            "cpu",
+            device,
         )
         logits = runner.execute(prefill)
         assert logits.shape[0] == prefill.num_tokens, "not every row's logits"
         got = split_rows(logits.float().cpu(), lengths)
         nexts = []
         for prompt, rows in zip(batch, got, strict=True):
-            want = reference_logits(reference, prompt)
+            want = reference_logits(reference, prompt).cpu()
             assert float((rows - want).abs().max()) <= FP32_ATOL, "prefill logits"
             nexts.append(int(want[-1].argmax()))
         decode = build_paged_plan(
@@ -129,11 +171,11 @@ class ModelLogitsSuite:
                 for prompt, token, table in zip(batch, nexts, tables, strict=True)
             ],
             page_size,
-            "cpu",
+            device,
         )
         stepped = runner.execute(decode).float().cpu()
         for b, (prompt, token) in enumerate(zip(batch, nexts, strict=True)):
-            want = reference_logits(reference, [*prompt, token])[-1]
+            want = reference_logits(reference, [*prompt, token])[-1].cpu()
             assert float((stepped[b] - want).abs().max()) <= FP32_ATOL, f"decode of {b}"
 
     @pytest.mark.spec("GLD-013", "GLD-041")

@@ -39,7 +39,6 @@ SUITE_PREFIX = "conformance/"
 #: server's (SRV) await the suite's end-to-end server certification.
 AWAITING_SUITE_TESTS: frozenset[str] = frozenset(
     {
-        *("GLD-017", "GLD-046"),
         *(f"SRV-{n:03d}" for n in (1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15)),
         *(f"SRV-{n:03d}" for n in (20, 21, 22, 23, 24, 25, 30, 31)),
         *(f"SRV-{n:03d}" for n in range(40, 50)),
