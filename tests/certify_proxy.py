@@ -47,6 +47,10 @@ class Mutation:
         """The status returned for the upstream's ``status``."""
         return status
 
+    def error(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The JSON body returned for the upstream's non-200 JSON ``body``."""
+        return body
+
     def stream_event(self, index: int, payload: bytes) -> bytes | None:
         """A streamed ``data:`` event (``None`` drops it)."""
         return payload
@@ -79,8 +83,8 @@ class DropSharedPage(Mutation):
 
 
 class CorruptOneToken(Mutation):
-    """Changes the text of the first response whose text is long enough, from its middle on:
-    one wrong token, then everything after it follows from it."""
+    """Changes the last character of the first response whose text is long enough: one
+    wrong token at the end, past the first token of any response."""
 
     def __init__(self) -> None:
         self._done = False
@@ -95,9 +99,9 @@ class CorruptOneToken(Mutation):
             if self._done:
                 return
             self._done = True
-        middle = len(text) // 2
-        replacement = "#" if text[middle] != "#" else "@"
-        choices[0]["text"] = text[:middle] + replacement + text[middle + 1 :]
+        last = len(text) - 1  # past the first token whichever response comes first
+        replacement = "#" if text[last] != "#" else "@"
+        choices[0]["text"] = text[:last] + replacement
 
 
 class SwapTwoResponses(Mutation):
@@ -192,15 +196,7 @@ class LeakKVOnStreams(Mutation):
         self._streamed = self._streamed or bool(body.get("stream"))
 
     def metrics(self, text: str) -> str:
-        if not self._streamed:
-            return text
-        lines = []
-        for line in text.splitlines():
-            name, _, value = line.rpartition(" ")
-            if name == "vllm:kv_cache_usage_perc" or name.startswith("vllm:kv_cache_usage_perc{"):
-                line = f"{name} {float(value) + 0.5}"
-            lines.append(line)
-        return "\n".join(lines) + "\n"
+        return _more_kv_in_use(text) if self._streamed else text
 
 
 class BrokenAfterStreams(Mutation):
@@ -222,9 +218,13 @@ class ShiftLogprobs(Mutation):
 
     def response(self, path: str, body: dict[str, Any]) -> None:
         for choice in body.get("choices") or []:
-            values = (choice.get("logprobs") or {}).get("token_logprobs")
+            logprobs = choice.get("logprobs") or {}
+            values = logprobs.get("token_logprobs")
             if values:
                 values[-1] += 0.01
+            content = logprobs.get("content")
+            if content:
+                content[-1]["logprob"] += 0.01
 
 
 class ServerErrorOnBadInput(Mutation):
@@ -234,8 +234,115 @@ class ServerErrorOnBadInput(Mutation):
         return 500 if status in (400, 422) else status
 
 
+class BareErrorBody(Mutation):
+    """Answers errors with FastAPI's default body, ``{"detail": ...}``, not OpenAI's."""
+
+    def error(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {"detail": json.dumps(body)}
+
+
+class DropErrorParam(Mutation):
+    """Answers errors without naming the field: ``param`` is ``null``."""
+
+    def error(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(body.get("error"), dict):
+            body["error"]["param"] = None
+        return body
+
+
+class ServeAnyModel(Mutation):
+    """Answers a request naming any model as if it named none: a server that never checks
+    the model it is asked for."""
+
+    def request(self, path: str, body: dict[str, Any]) -> None:
+        body.pop("model", None)
+
+
+class ReverseChoices(Mutation):
+    """Returns the choices of a request of several prompts in reverse order, each keeping
+    its ``index``'s text swapped: an engine that mixes up which prompt a row belongs to."""
+
+    def response(self, path: str, body: dict[str, Any]) -> None:
+        choices = body.get("choices") or []
+        texts = [c.get("text") for c in choices]
+        if len(choices) > 1 and isinstance(body.get("usage"), dict):
+            for choice, text in zip(choices, reversed(texts), strict=True):
+                choice["text"] = text
+
+
+class ShiftTokenize(Mutation):
+    """Answers ``/tokenize`` with its first token id one higher."""
+
+    def response(self, path: str, body: dict[str, Any]) -> None:
+        if path == "tokenize" and body.get("tokens"):
+            body["tokens"][0] += 1
+
+
+class RefuseUnknownFields(Mutation):
+    """Answers 400 to a body with a field the OpenAI API does not declare (certify's own)."""
+
+    def refuse(self, path: str, body: dict[str, Any]) -> int | None:
+        return 400 if any(key.startswith("x_certify") for key in body) else None
+
+
+class DropDone(Mutation):
+    """Ends every stream without its ``data: [DONE]``."""
+
+    def stream_event(self, index: int, payload: bytes) -> bytes | None:
+        return None if payload.strip() == b"data: [DONE]" else payload
+
+
+class FailBesidePoison(Mutation):
+    """Once a request at a temperature below 1e-30 was seen, answers the next greedy request
+    500: an engine whose whole step fails for one request's sampling value."""
+
+    def __init__(self) -> None:
+        self._poisoned = False
+        self._lock = threading.Lock()
+
+    def refuse(self, path: str, body: dict[str, Any]) -> int | None:
+        temperature = body.get("temperature")
+        with self._lock:
+            if isinstance(temperature, float) and 0 < temperature < 1e-30:
+                self._poisoned = True
+                return None
+            if self._poisoned and temperature == 0:
+                self._poisoned = False
+                return 500
+        return None
+
+
+class LeakKVOnLongRequests(Mutation):
+    """Once a non-streamed request of 128 tokens or more was forwarded, reports half the KV
+    cache more in use than the upstream: a server whose abandoned requests keep their pages."""
+
+    def __init__(self) -> None:
+        self._long = False
+
+    def request(self, path: str, body: dict[str, Any]) -> None:
+        max_tokens = body.get("max_tokens")
+        if not body.get("stream") and isinstance(max_tokens, int) and max_tokens >= 128:
+            self._long = True
+
+    def metrics(self, text: str) -> str:
+        return _more_kv_in_use(text) if self._long else text
+
+
+def _more_kv_in_use(text: str) -> str:
+    """``text`` with ``vllm:kv_cache_usage_perc`` half the cache higher."""
+    lines = []
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == "vllm:kv_cache_usage_perc" or name.startswith("vllm:kv_cache_usage_perc{"):
+            line = f"{name} {float(value) + 0.5}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
 def proxy_app(upstream: str, mutation: Mutation) -> FastAPI:
-    """A FastAPI app forwarding ``/v1/...`` to ``upstream`` (a base URL without ``/v1``)."""
+    """A FastAPI app forwarding every POST (``/v1/...`` and vLLM's ``/tokenize`` beside it),
+    ``/v1/models``, ``/metrics`` and ``/health`` to ``upstream`` (a base URL without ``/v1``);
+    mutations see paths without ``v1/``."""
     app = FastAPI()
 
     @app.get("/v1/models")
@@ -250,30 +357,44 @@ def proxy_app(upstream: str, mutation: Mutation) -> FastAPI:
             answer = await client.get(f"{upstream}/metrics")
         return Response(mutation.metrics(answer.text), answer.status_code, media_type="text/plain")
 
-    @app.post("/v1/{path:path}")
+    @app.get("/health")
+    async def health() -> Response:
+        async with httpx.AsyncClient(timeout=60) as client:
+            answer = await client.get(f"{upstream}/health")
+        return Response(answer.content, answer.status_code)
+
+    @app.post("/{path:path}")
     async def forward(path: str, request: Request) -> Response:
         raw = await request.body()
+        name = path.removeprefix("v1/")
         try:
             body = json.loads(raw)
         except ValueError:
             body = None
         if isinstance(body, dict):
-            refused = mutation.refuse(path, body)
+            refused = mutation.refuse(name, body)
             if refused is not None:
                 return Response(b'{"error": "refused"}', refused, media_type="application/json")
-            mutation.request(path, body)
+            mutation.request(name, body)
             raw = json.dumps(body).encode()
         async with httpx.AsyncClient(timeout=120) as client:
             if isinstance(body, dict) and body.get("stream"):
-                return await _forward_stream(client, f"{upstream}/v1/{path}", raw, mutation)
+                return await _forward_stream(client, f"{upstream}/{path}", raw, mutation)
             answer = await client.post(
-                f"{upstream}/v1/{path}", content=raw, headers={"Content-Type": "application/json"}
+                f"{upstream}/{path}", content=raw, headers={"Content-Type": "application/json"}
             )
         content = answer.content
         if answer.status_code == 200:
             decoded = json.loads(content)
-            await mutation.exchange(path, decoded)
+            await mutation.exchange(name, decoded)
             content = json.dumps(decoded).encode()
+        else:
+            try:
+                error = json.loads(content)
+            except ValueError:
+                error = None
+            if isinstance(error, dict):
+                content = json.dumps(mutation.error(name, error)).encode()
         return Response(content, mutation.status(answer.status_code), media_type="application/json")
 
     return app

@@ -11,19 +11,28 @@ from pathlib import Path
 
 import pytest
 from certify_proxy import (
+    BareErrorBody,
     BrokenAfterStreams,
     ClaimEveryPromptCached,
     CorruptOneToken,
+    DropDone,
+    DropErrorParam,
     DropField,
     DropSharedPage,
     DropStreamChunk,
+    FailBesidePoison,
     IgnoreCacheSalt,
+    LeakKVOnLongRequests,
     LeakKVOnStreams,
     MiscountUsage,
     Mutation,
     RefuseStreams,
+    RefuseUnknownFields,
+    ReverseChoices,
+    ServeAnyModel,
     ServerErrorOnBadInput,
     ShiftLogprobs,
+    ShiftTokenize,
     SwapTwoResponses,
     proxy,
 )
@@ -32,7 +41,18 @@ from serving_models import tiny_chat_model
 
 from pagedkv.backend import load_engine
 from pagedkv.certify.checks.bad_input import BadInputCheck
-from pagedkv.certify.checks.disconnect import DisconnectCheck, DisconnectFreesKVCheck
+from pagedkv.certify.checks.chat import ChatCheck, ChatLogprobsCheck
+from pagedkv.certify.checks.disconnect import (
+    DisconnectCheck,
+    DisconnectFreesKVCheck,
+    LeaveBeforeAnswerCheck,
+)
+from pagedkv.certify.checks.errors import (
+    ContextLengthCheck,
+    ErrorBodyCheck,
+    InvalidUnicodeCheck,
+    ParamErrorsCheck,
+)
 from pagedkv.certify.checks.greedy_paging import (
     LongConcurrentCheck,
     PageBoundaryCheck,
@@ -40,21 +60,27 @@ from pagedkv.certify.checks.greedy_paging import (
 )
 from pagedkv.certify.checks.greedy_requests import judge
 from pagedkv.certify.checks.logprobs import LogprobsCheck, PromptLogprobsCheck
+from pagedkv.certify.checks.poisoned import PoisonedNeighbourCheck
 from pagedkv.certify.checks.prefix_cache import CachedTokensCheck, CacheSaltCheck
+from pagedkv.certify.checks.prompt_shapes import PromptShapesCheck
 from pagedkv.certify.checks.request_fields import (
     EchoCheck,
+    LogitBiasCheck,
     MinTokensCheck,
     ParallelChoicesCheck,
     StopStringCheck,
     StopTokenCheck,
+    UnknownFieldCheck,
 )
 from pagedkv.certify.checks.seeded import SeededSamplingCheck
+from pagedkv.certify.checks.served_model import ServedModelCheck
 from pagedkv.certify.checks.streaming import StreamAddsUpCheck
+from pagedkv.certify.checks.tokenize import TokenizeCheck
 from pagedkv.certify.checks.usage import UsageCheck
 from pagedkv.certify.context import Check
 from pagedkv.certify.reference import Reference, ReferenceRun
 from pagedkv.certify.report import CertifyReport
-from pagedkv.certify.run import CertifyOptions, certify
+from pagedkv.certify.run import CertifyOptions, all_checks, certify
 from pagedkv.certify.verdicts import Verdict
 from pagedkv.engine.config import EngineConfig
 from pagedkv.entrypoints.cli.main import main
@@ -106,26 +132,8 @@ def test_quick_certify_of_pagedkvs_own_server_passes(served: Served, tmp_path: P
     )
     report = json.loads((out / "certify.json").read_text())
     verdicts = {r["name"]: r["verdict"] for r in report["results"]}
-    assert verdicts == {
-        "greedy_page_boundaries": "pass",
-        "greedy_same_prompt_many_clients": "pass",
-        "greedy_long_concurrent": "pass",
-        "usage_counts": "pass",
-        "stop_string": "pass",
-        "stop_token_ids": "pass",
-        "min_tokens": "pass",
-        "n_choices": "pass",
-        "echo": "pass",
-        "stream_adds_up": "pass",
-        "bad_input_is_4xx": "pass",
-        "cached_tokens_reported": "pass",
-        "cache_salt_isolation": "pass",
-        "output_logprobs": "pass",
-        "prompt_logprobs": "pass",
-        "seeded_sampling_reproducible": "pass",
-        "disconnect_mid_stream": "pass",
-        "disconnect_frees_kv": "pass",
-    }, report
+    assert verdicts == {check.name: "pass" for check in all_checks()}, report
+    assert len(verdicts) == 31
     assert status == 0
     assert report["passed"] is True
     assert report["served_model"] == MODEL  # found through /v1/models
@@ -180,33 +188,49 @@ def test_one_corrupted_token_fails_at_that_token(served: Served, check: Check) -
     (result,) = report.results
     assert result.verdict is Verdict.FAIL, result
     assert result.divergence is not None
-    assert result.divergence.index > 0  # the text's first half is the reference's
+    assert result.divergence.index > 0  # all but its last character is the reference's
     assert result.divergence.server_text[0] in "#@"
 
 
-@pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031")
+#: Each check of a certify run, with a server made wrong for it (a proxy in front of pagedkv's
+#: own) that it must fail (CRT-007).
+FAULTS: list[tuple[Mutation, Check]] = [
+    (MiscountUsage(), UsageCheck()),
+    (DropStreamChunk(), StreamAddsUpCheck()),
+    (ServerErrorOnBadInput(), BadInputCheck()),
+    (ClaimEveryPromptCached(), CachedTokensCheck()),
+    (IgnoreCacheSalt(), CacheSaltCheck()),
+    (DropField("stop"), StopStringCheck()),
+    (DropField("stop_token_ids"), StopTokenCheck()),
+    (DropField("min_tokens"), MinTokensCheck()),
+    (DropField("n"), ParallelChoicesCheck()),
+    (DropField("echo"), EchoCheck()),
+    (BrokenAfterStreams(), DisconnectCheck()),
+    (LeakKVOnStreams(), DisconnectFreesKVCheck()),
+    (ShiftLogprobs(), LogprobsCheck()),
+    (ShiftLogprobs(), PromptLogprobsCheck()),
+    (DropField("seed"), SeededSamplingCheck()),
+    (ServeAnyModel(), ServedModelCheck()),
+    (ReverseChoices(), PromptShapesCheck()),
+    (DropField("logit_bias"), LogitBiasCheck()),
+    (RefuseUnknownFields(), UnknownFieldCheck()),
+    (DropDone(), StreamAddsUpCheck()),
+    (DropField("max_completion_tokens"), ChatCheck()),
+    (ShiftLogprobs(), ChatLogprobsCheck()),
+    (ShiftTokenize(), TokenizeCheck()),
+    (BareErrorBody(), ErrorBodyCheck()),
+    (DropErrorParam(), ParamErrorsCheck()),
+    (ServerErrorOnBadInput(), ContextLengthCheck()),
+    (ServerErrorOnBadInput(), InvalidUnicodeCheck()),
+    (FailBesidePoison(), PoisonedNeighbourCheck()),
+    (LeakKVOnLongRequests(), LeaveBeforeAnswerCheck()),
+]
+
+
+@pytest.mark.spec("CRT-020", "CRT-021", "CRT-022", "CRT-030", "CRT-031", "CRT-007")
 @pytest.mark.spec("CRT-023", "CRT-024", "CRT-025", "CRT-026", "CRT-027", "CRT-040", "CRT-041")
 @pytest.mark.spec("CRT-050", "CRT-051", "CRT-060")
-@pytest.mark.parametrize(
-    ("mutation", "check"),
-    [
-        (MiscountUsage(), UsageCheck()),
-        (DropStreamChunk(), StreamAddsUpCheck()),
-        (ServerErrorOnBadInput(), BadInputCheck()),
-        (ClaimEveryPromptCached(), CachedTokensCheck()),
-        (IgnoreCacheSalt(), CacheSaltCheck()),
-        (DropField("stop"), StopStringCheck()),
-        (DropField("stop_token_ids"), StopTokenCheck()),
-        (DropField("min_tokens"), MinTokensCheck()),
-        (DropField("n"), ParallelChoicesCheck()),
-        (DropField("echo"), EchoCheck()),
-        (BrokenAfterStreams(), DisconnectCheck()),
-        (LeakKVOnStreams(), DisconnectFreesKVCheck()),
-        (ShiftLogprobs(), LogprobsCheck()),
-        (ShiftLogprobs(), PromptLogprobsCheck()),
-        (DropField("seed"), SeededSamplingCheck()),
-    ],
-)
+@pytest.mark.parametrize(("mutation", "check"), FAULTS)
 def test_each_semantic_fault_fails_its_check(
     served: Served, mutation: Mutation, check: Check
 ) -> None:
@@ -264,3 +288,14 @@ def test_a_divergence_within_the_tie_tolerance_is_a_tie_with_its_margin(served: 
     verdict, _, divergence = judge(reference, ReferenceRun((1,), tokens, tuple(margins)), other)
     assert verdict is Verdict.FAIL
     assert judge(reference, tie, reference.decode(tokens))[0] is Verdict.PASS
+
+
+@pytest.mark.spec("CRT-007")
+def test_every_check_has_a_server_made_wrong_for_it() -> None:
+    """Each check a run asks is failed by at least one proxy of :data:`FAULTS` in the test
+    above, so no check (and no SRV requirement it certifies) is one that cannot fail."""
+    shown = {check.name for _, check in FAULTS}
+    shown |= {PageBoundaryCheck.name, SamePromptCheck.name, LongConcurrentCheck.name}
+    assert {check.name for check in all_checks()} <= shown, {
+        check.name for check in all_checks()
+    } - shown

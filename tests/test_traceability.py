@@ -12,6 +12,12 @@ other MUST must be cited by a test of the conformance suite (``conformance/``), 
 project's tests (``tests/``); the ones still held only by the project's tests are listed in
 :data:`AWAITING_SUITE_TESTS`, which must shrink, never grow (run this file as a script to print
 the split).
+
+The suite has two halves: the conformance package judges backends of pagedkv's Protocols, and
+``pagedkv certify`` judges whole servers over HTTP. A certify check names the serving
+requirements it certifies in its ``spec_ids`` (CRT-006); those citations count as the suite's
+(its CRT IDs name the check's own requirements, which the project's tests hold). Every check is
+shown failing against a server made wrong for it in ``tests/test_certify.py`` (CRT-007).
 """
 
 from __future__ import annotations
@@ -27,25 +33,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_DIR = ROOT / "specs"
 SOURCE_DIRS = (ROOT / "tests", ROOT / "conformance")
+#: The checks of ``pagedkv certify``, whose ``spec_ids`` cite what they certify of a server.
+CERTIFY_CHECKS = ROOT / "src" / "pagedkv" / "certify" / "checks"
 
 REQUIREMENT = re.compile(
     r"^- \*\*([A-Z]{2,3}-\d{3})\*\* (MUST|SHOULD)(?: \((project)\))?", re.MULTILINE
 )
 #: Where the conformance suite's citations live (labels are paths from the repository root).
 SUITE_PREFIX = "conformance/"
+#: Where certify's citations live: the suite's other half, for whole servers.
+CERTIFY_PREFIX = "src/pagedkv/certify/checks/"
 
 #: MUSTs any backend is held to that only the project's tests cite so far: each needs a suite
-#: test (or, if it turns out to be about pagedkv's implementation, the ``(project)`` tag). The
-#: server's (SRV) await the suite's end-to-end server certification.
-AWAITING_SUITE_TESTS: frozenset[str] = frozenset(
-    {
-        *(f"SRV-{n:03d}" for n in (1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15)),
-        *(f"SRV-{n:03d}" for n in (20, 21, 22, 23, 24, 25, 30, 31)),
-        *(f"SRV-{n:03d}" for n in range(40, 50)),
-        *(f"SRV-{n:03d}" for n in (*range(50, 59), *range(60, 67), 70, 71, 72, 80, 81, 82)),
-        *(f"SRV-{n:03d}" for n in (*range(90, 96), 100, 101, 102, 103, 104)),
-    }
-)
+#: test or certify check (or, if it turns out to be about pagedkv's implementation, the
+#: ``(project)`` tag). None is left; a new requirement must come with its suite test.
+AWAITING_SUITE_TESTS: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,12 @@ class TraceReport:
 
     @property
     def suite_cited(self) -> set[str]:
-        """IDs cited by a test of the conformance suite."""
-        return {c.req_id for c in self.citations if c.where.startswith(SUITE_PREFIX)}
+        """IDs cited by a test of the conformance suite or certified by a certify check."""
+        return {
+            c.req_id
+            for c in self.citations
+            if c.where.startswith(SUITE_PREFIX) or c.where.startswith(CERTIFY_PREFIX)
+        }
 
     @property
     def project_only_musts(self) -> list[Requirement]:
@@ -151,25 +157,56 @@ def scan_citations(path: Path, report: TraceReport, label: str | None = None) ->
                     report.not_literal.append(where)
 
 
-def trace(spec_files: Iterable[Path], source_files: Iterable[tuple[Path, str]]) -> TraceReport:
-    """Scan specs and sources (``(path, label)`` pairs) into one report."""
+def scan_certified(path: Path, report: TraceReport, label: str | None = None) -> None:
+    """Add the IDs a certify check's ``spec_ids = (...)`` names, but its own CRT ones, to
+    ``report`` (CRT-006)."""
+    name = label or path.name
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        if not (isinstance(target, ast.Name) and target.id == "spec_ids"):
+            continue
+        if not isinstance(value, ast.Tuple):
+            report.not_literal.append(f"{name}:{node.lineno}")
+            continue
+        for element in value.elts:
+            where = f"{name}:{element.lineno}"
+            if not (isinstance(element, ast.Constant) and isinstance(element.value, str)):
+                report.not_literal.append(where)
+            elif not element.value.startswith("CRT-"):
+                report.citations.append(Citation(element.value, where))
+
+
+def trace(
+    spec_files: Iterable[Path],
+    source_files: Iterable[tuple[Path, str]],
+    certify_files: Iterable[tuple[Path, str]] = (),
+) -> TraceReport:
+    """Scan specs, sources and certify checks (``(path, label)`` pairs) into one report."""
     report = TraceReport()
     for path in sorted(spec_files):
         parse_requirements(path, report)
     for path, label in sorted(source_files):
         scan_citations(path, report, label)
+    for path, label in sorted(certify_files):
+        scan_certified(path, report, label)
     return report
 
 
 def project_report() -> TraceReport:
-    """The report for this repository: specs/*.md against tests/ and conformance/."""
+    """The report for this repository: specs/*.md against tests/, conformance/ and certify's
+    checks."""
     sources = [
         (path, str(path.relative_to(ROOT)))
         for folder in SOURCE_DIRS
         for path in folder.rglob("*.py")
         if "__pycache__" not in path.parts
     ]
-    return trace(SPEC_DIR.glob("*.md"), sources)
+    checks = [(path, str(path.relative_to(ROOT))) for path in CERTIFY_CHECKS.glob("*.py")]
+    return trace(SPEC_DIR.glob("*.md"), sources, checks)
 
 
 # -- the project's traceability --------------------------------------------------------------
@@ -191,6 +228,7 @@ def test_every_must_has_a_test() -> None:
     )
 
 
+@pytest.mark.spec("CRT-006")
 def test_musts_any_backend_meets_have_suite_tests() -> None:
     """Every MUST not tagged ``(project)`` that the project's tests cite is cited by a suite
     test too, but those listed in :data:`AWAITING_SUITE_TESTS`; the list names exactly the
@@ -335,6 +373,30 @@ def test_scanner_tells_suite_citations_from_the_projects(tmp_path: Path) -> None
     assert [r.req_id for r in report.project_only_musts] == ["XYZ-003"]
     assert [r.req_id for r in report.project_scoped_in_suite] == ["XYZ-004"]
     assert not report.untested_musts
+
+
+@pytest.mark.spec("CRT-006")
+def test_scanner_counts_what_certify_checks_certify(tmp_path: Path) -> None:
+    """A certify check's ``spec_ids`` cite its non-CRT IDs as the suite's; its CRT IDs are
+    not citations; a ``spec_ids`` that is not a literal tuple of strings is reported."""
+    spec = "- **XYZ-001** MUST — any server.\n- **CRT-001** MUST (project) — certify itself.\n"
+    check = (
+        "class Check:\n"
+        '    spec_ids: tuple[str, ...] = ("CRT-001", "XYZ-001")\n\n'
+        "class Other:\n"
+        "    spec_ids = IDS\n"
+    )
+    (tmp_path / "xyz.md").write_text(spec, encoding="utf-8")
+    (tmp_path / "check.py").write_text(check, encoding="utf-8")
+    report = trace(
+        [tmp_path / "xyz.md"], [], [(tmp_path / "check.py", CERTIFY_PREFIX + "check.py")]
+    )
+    assert [(c.req_id, c.where) for c in report.citations] == [
+        ("XYZ-001", CERTIFY_PREFIX + "check.py:2")
+    ]
+    assert report.suite_cited == {"XYZ-001"}
+    assert report.not_literal == [CERTIFY_PREFIX + "check.py:5"]
+    assert [r.req_id for r in report.untested_musts] == ["CRT-001"]
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,21 @@ class Answer:
     text: str
 
 
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """A server's streamed answer to one request.
+
+    Attributes:
+        status: the HTTP status code.
+        events: the decoded ``data:`` events before ``[DONE]`` (empty on an error status).
+        done: whether the stream ended with ``data: [DONE]``.
+    """
+
+    status: int
+    events: list[Any]
+    done: bool
+
+
 class ServerClient:
     """Requests to an OpenAI-compatible server at ``base_url`` (ending in ``/v1``).
 
@@ -64,9 +79,9 @@ class ServerClient:
             raise ServerUnreachable(f"POST {self.base_url}{path}: {exc}") from exc
         return _answer(response)
 
-    def stream(self, path: str, body: dict[str, Any]) -> tuple[int, list[Any]]:
-        """POST ``body`` with ``stream: true``; ``(status, events)``: the decoded ``data:``
-        events before ``[DONE]`` (empty on an error status)."""
+    def stream(self, path: str, body: dict[str, Any]) -> Streamed:
+        """POST ``body`` with ``stream: true``: the decoded ``data:`` events before
+        ``[DONE]`` (none on an error status) and whether ``[DONE]`` came."""
         events: list[Any] = []
         try:
             with httpx.stream(
@@ -74,17 +89,46 @@ class ServerClient:
             ) as response:
                 if response.status_code != 200:
                     response.read()
-                    return response.status_code, events
+                    return Streamed(response.status_code, events, False)
                 for line in response.iter_lines():
                     if not line.startswith("data: "):
                         continue
                     payload = line[len("data: ") :]
                     if payload == "[DONE]":
-                        break
+                        return Streamed(response.status_code, events, True)
                     events.append(json.loads(payload))
-                return response.status_code, events
+                return Streamed(response.status_code, events, False)
         except httpx.HTTPError as exc:
             raise ServerUnreachable(f"POST {self.base_url}{path} (stream): {exc}") from exc
+
+    def post_and_leave(self, path: str, body: dict[str, Any], after_s: float) -> bool:
+        """POST ``body`` and go away ``after_s`` seconds later if no answer came (a client
+        that gives up on a non-streamed response); ``True`` if it left before the answer."""
+        try:
+            httpx.post(f"{self.base_url}{path}", json=body, timeout=after_s)
+        except httpx.TimeoutException:
+            return True
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"POST {self.base_url}{path}: {exc}") from exc
+        return False
+
+    def post_root(self, path: str, body: dict[str, Any]) -> Answer:
+        """POST ``body`` to ``path`` beside ``/v1`` (``/tokenize``, as vLLM serves it)."""
+        root = self.base_url.removesuffix("/v1")
+        try:
+            response = httpx.post(f"{root}{path}", json=body, timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"POST {root}{path}: {exc}") from exc
+        return _answer(response)
+
+    def get(self, path: str, *, root: bool = False) -> Answer:
+        """GET ``path`` under the base URL, or beside ``/v1`` when ``root`` (``/health``)."""
+        base = self.base_url.removesuffix("/v1") if root else self.base_url
+        try:
+            response = httpx.get(f"{base}{path}", timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"GET {base}{path}: {exc}") from exc
+        return _answer(response)
 
     def open_stream_and_leave(self, path: str, body: dict[str, Any]) -> int:
         """POST ``body`` with ``stream: true``, read the first event, then close the

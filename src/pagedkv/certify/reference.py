@@ -107,6 +107,20 @@ class Reference:
         text = str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
         return text.rstrip(INCOMPLETE)
 
+    def encode(self, text: str) -> tuple[int, ...]:
+        """The token ids of a text prompt, as the completions endpoint tokenizes it (with the
+        tokenizer's special tokens, which a Qwen3 tokenizer does not add)."""
+        return tuple(int(t) for t in self.tokenizer.encode(text))
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
+        """The token ids of ``messages`` rendered by the checkpoint's chat template with the
+        generation prompt, as the chat endpoint tokenizes them (the rendered text carries its
+        own special tokens: none are added)."""
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return tuple(int(t) for t in self.tokenizer.encode(str(text), add_special_tokens=False))
+
     def _decode(self, prompt: tuple[int, ...], max_tokens: int) -> ReferenceRun:
         generated: list[int] = []
         margins: list[float] = []

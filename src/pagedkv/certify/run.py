@@ -8,23 +8,40 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedkv.certify.checks.bad_input import BadInputCheck
-from pagedkv.certify.checks.disconnect import DisconnectCheck, DisconnectFreesKVCheck
+from pagedkv.certify.checks.chat import ChatCheck, ChatLogprobsCheck
+from pagedkv.certify.checks.disconnect import (
+    DisconnectCheck,
+    DisconnectFreesKVCheck,
+    LeaveBeforeAnswerCheck,
+)
+from pagedkv.certify.checks.errors import (
+    ContextLengthCheck,
+    ErrorBodyCheck,
+    InvalidUnicodeCheck,
+    ParamErrorsCheck,
+)
 from pagedkv.certify.checks.greedy_paging import (
     LongConcurrentCheck,
     PageBoundaryCheck,
     SamePromptCheck,
 )
 from pagedkv.certify.checks.logprobs import LogprobsCheck, PromptLogprobsCheck
+from pagedkv.certify.checks.poisoned import PoisonedNeighbourCheck
 from pagedkv.certify.checks.prefix_cache import CachedTokensCheck, CacheSaltCheck
+from pagedkv.certify.checks.prompt_shapes import PromptShapesCheck
 from pagedkv.certify.checks.request_fields import (
     EchoCheck,
+    LogitBiasCheck,
     MinTokensCheck,
     ParallelChoicesCheck,
     StopStringCheck,
     StopTokenCheck,
+    UnknownFieldCheck,
 )
 from pagedkv.certify.checks.seeded import SeededSamplingCheck
+from pagedkv.certify.checks.served_model import ServedModelCheck
 from pagedkv.certify.checks.streaming import StreamAddsUpCheck
+from pagedkv.certify.checks.tokenize import TokenizeCheck
 from pagedkv.certify.checks.usage import UsageCheck
 from pagedkv.certify.client import ServerClient
 from pagedkv.certify.context import CertifyContext, Check
@@ -53,24 +70,37 @@ class CertifyOptions:
 def all_checks() -> list[Check]:
     """Every check, in the order a run asks them."""
     return [
+        ServedModelCheck(),
         PageBoundaryCheck(),
         SamePromptCheck(),
         LongConcurrentCheck(),
+        PromptShapesCheck(),
         UsageCheck(),
         StopStringCheck(),
         StopTokenCheck(),
         MinTokensCheck(),
         ParallelChoicesCheck(),
         EchoCheck(),
+        LogitBiasCheck(),
+        UnknownFieldCheck(),
         StreamAddsUpCheck(),
+        ChatCheck(),
+        ChatLogprobsCheck(),
+        TokenizeCheck(),
         BadInputCheck(),
+        ErrorBodyCheck(),
+        ParamErrorsCheck(),
+        ContextLengthCheck(),
+        InvalidUnicodeCheck(),
         CachedTokensCheck(),
         CacheSaltCheck(),
         LogprobsCheck(),
         PromptLogprobsCheck(),
         SeededSamplingCheck(),
+        PoisonedNeighbourCheck(),
         DisconnectCheck(),
         DisconnectFreesKVCheck(),
+        LeaveBeforeAnswerCheck(),
     ]
 
 

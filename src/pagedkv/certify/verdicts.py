@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 
 class Verdict(StrEnum):
@@ -61,3 +61,24 @@ class CheckResult:
     @property
     def failed(self) -> bool:
         return self.verdict is Verdict.FAIL
+
+
+class Described(Protocol):
+    """What a result names of its check."""
+
+    name: str
+    spec_ids: tuple[str, ...]
+    capability: str
+
+
+def result_of(
+    check: Described,
+    verdict: Verdict,
+    detail: str,
+    request: dict[str, Any] | None = None,
+    divergence: Divergence | None = None,
+) -> CheckResult:
+    """``check``'s result: its name, spec IDs and capability with this verdict."""
+    return CheckResult(
+        check.name, check.spec_ids, check.capability, verdict, detail, divergence, request
+    )

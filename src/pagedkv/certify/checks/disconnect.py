@@ -1,4 +1,5 @@
-"""Clients that go away mid-stream (CRT-040, CRT-041)."""
+"""Clients that go away mid-stream or before their answer (CRT-040, CRT-041; SRV-020,
+SRV-021, SRV-022)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pagedkv.certify.checks.greedy_requests import greedy_body, run_greedy
 from pagedkv.certify.context import CertifyContext
 from pagedkv.certify.metrics import KV_USAGE, sample_sum
 from pagedkv.certify.prompts import PromptSource
-from pagedkv.certify.verdicts import CheckResult, Verdict
+from pagedkv.certify.verdicts import CheckResult, Verdict, result_of
 
 #: Tokens each left stream asks for: far more than arrive before its client goes away.
 LONG_STREAM_TOKENS = 128
@@ -38,7 +39,7 @@ class DisconnectCheck:
     greedy request with the reference's text."""
 
     name = "disconnect_mid_stream"
-    spec_ids: tuple[str, ...] = ("CRT-040",)
+    spec_ids: tuple[str, ...] = ("CRT-040", "SRV-020")
     capability = "stream: true on /completions"
 
     def run(self, context: CertifyContext) -> CheckResult:
@@ -67,7 +68,7 @@ class DisconnectFreesKVCheck:
     does not report it."""
 
     name = "disconnect_frees_kv"
-    spec_ids: tuple[str, ...] = ("CRT-041",)
+    spec_ids: tuple[str, ...] = ("CRT-041", "SRV-020", "SRV-022")
     capability = f"/metrics with {KV_USAGE}"
 
     def run(self, context: CertifyContext) -> CheckResult:
@@ -93,3 +94,48 @@ class DisconnectFreesKVCheck:
 
     def _result(self, verdict: Verdict, detail: str, body: dict[str, Any] | None) -> CheckResult:
         return CheckResult(self.name, self.spec_ids, self.capability, verdict, detail, None, body)
+
+
+#: Seconds a client waits for a long non-streamed answer before it goes away.
+LEAVE_AFTER_S = 0.3
+
+
+class LeaveBeforeAnswerCheck:
+    """Clients send long non-streamed requests and go away :data:`LEAVE_AFTER_S` seconds
+    later; ``vllm:kv_cache_usage_perc`` must come back to its idle value within the profile's
+    ``settle_s``. Skipped where ``/metrics`` does not report it, or where every answer came
+    before its client left."""
+
+    name = "leave_before_answer_frees_kv"
+    spec_ids: tuple[str, ...] = ("SRV-021", "SRV-022")
+    capability = f"/metrics with {KV_USAGE}"
+
+    def run(self, context: CertifyContext) -> CheckResult:
+        text = context.client.metrics()
+        idle = sample_sum(text, KV_USAGE) if text is not None else None
+        if idle is None:
+            return result_of(self, Verdict.SKIP, f"/metrics reports no {KV_USAGE}")
+        source = PromptSource(
+            context.reference.vocab_size, list(context.reference.tokenizer.all_special_ids), 53
+        )
+        bodies = [
+            greedy_body(context.model, source.tokens(12), LONG_STREAM_TOKENS)
+            for _ in range(context.profile.same_prompt_clients)
+        ]
+        left = context.in_parallel(
+            lambda body: context.client.post_and_leave("/completions", body, LEAVE_AFTER_S),
+            bodies,
+        )
+        if not any(left):
+            return result_of(self, Verdict.SKIP, "every answer came before its client left")
+        deadline = time.monotonic() + context.profile.settle_s
+        usage: float | None = None
+        while time.monotonic() < deadline:
+            text = context.client.metrics()
+            usage = sample_sum(text, KV_USAGE) if text is not None else None
+            if usage is not None and usage <= idle:
+                detail = f"{sum(left)} clients left; {KV_USAGE} back to {usage:g} (idle {idle:g})"
+                return result_of(self, Verdict.PASS, detail)
+            time.sleep(POLL_S)
+        detail = f"{KV_USAGE} {usage} after {context.profile.settle_s:g} s, idle {idle:g}"
+        return result_of(self, Verdict.FAIL, detail, bodies[0])

@@ -45,7 +45,7 @@ class SamePromptCheck:
     """One prompt sent by many clients at once: each must get the reference's text."""
 
     name = "greedy_same_prompt_many_clients"
-    spec_ids: tuple[str, ...] = ("CRT-012", "CRT-011")
+    spec_ids: tuple[str, ...] = ("CRT-012", "CRT-011", "SRV-007")
     capability = GREEDY
 
     def run(self, context: CertifyContext) -> CheckResult:
@@ -59,7 +59,7 @@ class LongConcurrentCheck:
     enough to be prefilled in chunks."""
 
     name = "greedy_long_concurrent"
-    spec_ids: tuple[str, ...] = ("CRT-012", "CRT-011")
+    spec_ids: tuple[str, ...] = ("CRT-012", "CRT-011", "SRV-007")
     capability = GREEDY
 
     def run(self, context: CertifyContext) -> CheckResult:

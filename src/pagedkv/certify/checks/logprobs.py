@@ -27,7 +27,7 @@ class LogprobsCheck:
     dtype's tolerance of the reference's log-probability of that token."""
 
     name = "output_logprobs"
-    spec_ids: tuple[str, ...] = ("CRT-050",)
+    spec_ids: tuple[str, ...] = ("CRT-050", "SRV-005")
     capability = "logprobs on /completions"
     echo = False
 
@@ -70,6 +70,6 @@ class PromptLogprobsCheck(LogprobsCheck):
     """:class:`LogprobsCheck` with ``echo: true``: the prompt's log-probabilities too."""
 
     name = "prompt_logprobs"
-    spec_ids: tuple[str, ...] = ("CRT-051",)
+    spec_ids: tuple[str, ...] = ("CRT-051", "SRV-101")
     capability = "echo with logprobs on /completions"
     echo = True

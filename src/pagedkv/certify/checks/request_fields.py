@@ -25,6 +25,8 @@ class FieldCheck:
     capability = "a request field"
     #: Seed of the check's prompt.
     seed = 40
+    #: Whether a 4xx answer means the server lacks the field (skip) rather than a failure.
+    refusal_is_skip = True
 
     def run(self, context: CertifyContext) -> CheckResult:
         source = PromptSource(
@@ -38,7 +40,9 @@ class FieldCheck:
         answer = context.client.post("/completions", body)
         if 400 <= answer.status < 500:
             detail = f"refused with {answer.status}: {answer.text[:200]}"
-            return self._result(Verdict.SKIP, detail, None)
+            if self.refusal_is_skip:
+                return self._result(Verdict.SKIP, detail, None)
+            return self._result(Verdict.FAIL, detail, body)
         if answer.status != 200 or not isinstance(answer.body, dict):
             return self._result(Verdict.FAIL, f"answered {answer.status}", body)
         problem = self.problem(context, run, answer)
@@ -68,7 +72,7 @@ class StopStringCheck(FieldCheck):
     must end right before their first occurrence, finish reason ``stop``."""
 
     name = "stop_string"
-    spec_ids: tuple[str, ...] = ("CRT-023",)
+    spec_ids: tuple[str, ...] = ("CRT-023", "SRV-001")
     capability = "stop strings"
     seed = 41
 
@@ -97,7 +101,7 @@ class StopTokenCheck(FieldCheck):
     reason ``stop``) with the text before it (the stop token's own text may follow)."""
 
     name = "stop_token_ids"
-    spec_ids: tuple[str, ...] = ("CRT-024",)
+    spec_ids: tuple[str, ...] = ("CRT-024", "SRV-101")
     capability = "stop_token_ids"
     seed = 42
 
@@ -123,7 +127,7 @@ class MinTokensCheck(FieldCheck):
     of ``max_tokens``: the stop token cannot end generation before that many tokens."""
 
     name = "min_tokens"
-    spec_ids: tuple[str, ...] = ("CRT-025",)
+    spec_ids: tuple[str, ...] = ("CRT-025", "SRV-101")
     capability = "min_tokens with stop_token_ids"
     seed = 43
 
@@ -143,22 +147,31 @@ class MinTokensCheck(FieldCheck):
 
 
 class ParallelChoicesCheck(FieldCheck):
-    """``n: 2`` of a greedy request: two choices, indices 0 and 1, each the reference's text."""
+    """``n: 2`` of a greedy request of two prompts: four choices, ``index`` = prompt index
+    times ``n`` plus completion index, each the reference's text of its prompt."""
 
     name = "n_choices"
-    spec_ids: tuple[str, ...] = ("CRT-026",)
+    spec_ids: tuple[str, ...] = ("CRT-026", "SRV-006")
     capability = "n > 1 with temperature 0"
     seed = 44
 
+    def _second(self, context: CertifyContext, run: ReferenceRun) -> ReferenceRun:
+        source = PromptSource(
+            context.reference.vocab_size, list(context.reference.tokenizer.all_special_ids), 46
+        )
+        return context.reference.greedy(source.tokens(6), len(run.token_ids))
+
     def request(self, context: CertifyContext, run: ReferenceRun) -> dict[str, Any]:
-        return {**super().request(context, run), "n": 2}
+        prompts = [list(run.prompt), list(self._second(context, run).prompt)]
+        return {**super().request(context, run), "prompt": prompts, "n": 2}
 
     def problem(self, context: CertifyContext, run: ReferenceRun, answer: Answer) -> str | None:
-        expected = context.reference.decode(run.token_ids)
+        texts = [context.reference.decode(r.token_ids) for r in (run, self._second(context, run))]
+        expected = [(i, texts[i // 2]) for i in range(4)]
         choices = answer.body.get("choices") or []
         got = sorted((c.get("index"), c.get("text")) for c in choices)
-        if got != [(0, expected), (1, expected)]:
-            return f"expected two choices of {expected!r}, got {got!r}"
+        if got != expected:
+            return f"expected {expected!r}, got {got!r}"
         return None
 
 
@@ -168,7 +181,7 @@ class EchoCheck(FieldCheck):
     inside a UTF-8 character)."""
 
     name = "echo"
-    spec_ids: tuple[str, ...] = ("CRT-027",)
+    spec_ids: tuple[str, ...] = ("CRT-027", "SRV-101")
     capability = "echo"
     seed = 45
 
@@ -186,3 +199,51 @@ class EchoCheck(FieldCheck):
         if text not in expected:
             return f"expected one of {sorted(expected)!r}, got {text!r}"
         return None
+
+
+class LogitBiasCheck(FieldCheck):
+    """``logit_bias`` of +100 on one ordinary token the reference does not pick first: every
+    generated token must be that one (the bias is added to its logit, past every other)."""
+
+    name = "logit_bias"
+    spec_ids: tuple[str, ...] = ("SRV-101",)
+    capability = "logit_bias"
+    seed = 47
+
+    def _favoured(self, context: CertifyContext, run: ReferenceRun) -> int:
+        source = PromptSource(
+            context.reference.vocab_size, list(context.reference.tokenizer.all_special_ids), 48
+        )
+        return next(t for t in source.tokens(8) if t != run.token_ids[0])
+
+    def request(self, context: CertifyContext, run: ReferenceRun) -> dict[str, Any]:
+        bias = {str(self._favoured(context, run)): 100}
+        return {**super().request(context, run), "logit_bias": bias}
+
+    def problem(self, context: CertifyContext, run: ReferenceRun, answer: Answer) -> str | None:
+        favoured = self._favoured(context, run)
+        expected = context.reference.decode([favoured] * len(run.token_ids))
+        text = _choice(answer).get("text")
+        if text != expected:
+            return f"token {favoured} biased by +100: expected {expected!r}, got {text!r}"
+        return None
+
+
+class UnknownFieldCheck(FieldCheck):
+    """Fields no API declares, one at the top of the body and one holding an object: the
+    request is answered as without them (the reference's text), not refused."""
+
+    name = "unknown_field_ignored"
+    spec_ids: tuple[str, ...] = ("SRV-053",)
+    capability = "/completions"
+    seed = 49
+    refusal_is_skip = False  # refusing the fields is the failure here
+
+    def request(self, context: CertifyContext, run: ReferenceRun) -> dict[str, Any]:
+        extra = {"x_certify_unknown": 1, "x_certify_nested": {"x_deeper": [1, 2]}}
+        return {**super().request(context, run), **extra}
+
+    def problem(self, context: CertifyContext, run: ReferenceRun, answer: Answer) -> str | None:
+        expected = context.reference.decode(run.token_ids)
+        text = _choice(answer).get("text")
+        return None if text == expected else f"expected {expected!r}, got {text!r}"

@@ -13,7 +13,7 @@ class UsageCheck:
     ``completion_tokens`` and ``total_tokens`` must be exactly those counts."""
 
     name = "usage_counts"
-    spec_ids: tuple[str, ...] = ("CRT-020",)
+    spec_ids: tuple[str, ...] = ("CRT-020", "SRV-004")
     capability = "usage in completions responses"
 
     def run(self, context: CertifyContext) -> CheckResult:
