@@ -71,3 +71,37 @@ class EnginePressureSuite:
         assert finals[later].metrics.preemptions == 0
         assert eut.engine.stats().preemptions == 1
         assert eut.engine.stats().pages_in_use == 0
+
+    @pytest.mark.spec("ENG-130", "ENG-012")
+    def test_aborting_a_request_ends_its_waiting_fork(self, backend: Backend) -> None:
+        """The pool and requests of the test above: once a fork waits for a page (the engine
+        counts its preemption), aborting its request ends that fork too: only the later
+        request is left waiting, no output of the aborted request comes after its final one,
+        the later request gets its solo greedy run, and no page stays in use."""
+        eut = build_engine(backend, num_pages=5)
+        forked = eut.engine.add_request(PROMPT, FORKED)
+        later = eut.engine.add_request(
+            LATER, SamplingParams(max_tokens=LATER_TOKENS, temperature=0)
+        )
+        for _ in range(100):
+            if eut.engine.stats().preemptions == 1:
+                break
+            eut.engine.step()
+        assert eut.engine.stats().preemptions == 1, "no fork ever waited for a page"
+        assert eut.engine.stats().waiting == 2, "the waiting fork and the later request"
+        final = eut.engine.abort(forked)
+        assert final is not None
+        assert final.finished
+        eut.engine.check_invariants()
+        assert eut.engine.stats().waiting == 1, "a fork of the aborted request is still queued"
+        finals: dict[str, RequestOutput] = {}
+        for _ in range(100):
+            if not eut.engine.has_unfinished_requests():
+                break
+            for output in eut.engine.step():
+                assert output.request_id != forked, "output of an aborted request"
+                if output.finished:
+                    finals[output.request_id] = output
+            eut.engine.check_invariants()
+        assert list(finals[later].token_ids) == solo_greedy(LATER, LATER_TOKENS)
+        assert eut.engine.stats().pages_in_use == 0

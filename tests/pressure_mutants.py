@@ -96,6 +96,29 @@ def engine_forks_wait_last() -> MutantBackend:
     )
 
 
+def abort_leaves_waiting_forks(engine: Any) -> None:
+    """Aborting a request ends its running sequences but not a fork of it that waits for a
+    page (ENG-130): the fork stays queued. Wraps the reference scheduler's ``finish``."""
+    scheduler = engine.scheduler
+    original = scheduler.finish
+
+    def finish(request: Any, reason: Any) -> None:
+        forks = {id(s) for g in engine._requests.values() for s in g.sequences[1:]}
+        if reason.value == "abort" and request in scheduler.waiting and id(request) in forks:
+            return
+        original(request, reason)
+
+    scheduler.finish = finish
+
+
+def engine_abort_leaves_waiting_forks() -> MutantBackend:
+    return MutantBackend(
+        "mutant: aborting a request leaves its waiting fork queued",
+        capabilities=ALL_CAPABILITIES | {"fork"},
+        adjust=abort_leaves_waiting_forks,
+    )
+
+
 # -- class 3: two lookups per admission ------------------------------------------------------
 
 
@@ -751,6 +774,13 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
         (
             "test_engine_pressure::TestEnginePressure::"
             "test_a_fork_without_a_page_waits_ahead_of_later_requests",
+        ),
+    ),
+    "engine_abort_leaves_waiting_forks": PressureMutant(
+        engine_abort_leaves_waiting_forks,
+        (
+            "test_engine_pressure::TestEnginePressure::"
+            "test_aborting_a_request_ends_its_waiting_fork",
         ),
     ),
     "engine_looks_up_twice": PressureMutant(
