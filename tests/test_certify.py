@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from certify_proxy import (
     BareErrorBody,
     BrokenAfterStreams,
@@ -299,3 +300,22 @@ def test_every_check_has_a_server_made_wrong_for_it() -> None:
     assert {check.name for check in all_checks()} <= shown, {
         check.name for check in all_checks()
     } - shown
+
+
+@pytest.mark.spec("CRT-010")
+def test_the_reference_decodes_as_transformers_generate(served: Served) -> None:
+    """The reference's cached step-by-step greedy run equals transformers' own greedy
+    ``generate`` over the whole sequence: a reference that passes its cache by a name the
+    installed transformers does not read (each step then sees one token alone) fails."""
+    reference = Reference(served.model_dir)
+    prompt = tuple(reference.encode("def fibonacci(n):"))
+    run = reference.greedy(prompt, 8)
+    generated = reference.model.generate(
+        torch.tensor([list(prompt)]),
+        do_sample=False,
+        max_new_tokens=8,
+        min_new_tokens=8,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    assert tuple(int(t) for t in generated[0, len(prompt) :]) == run.token_ids

@@ -8,6 +8,7 @@ is decoded once.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,10 @@ class Reference:
             local_files_only=True,
         ).eval()
         self.vocab_size = int(self.model.config.vocab_size)
+        # transformers 5.2x renamed the forward's ``past_key_values`` to ``cache``; an unknown
+        # name would land in ``**kwargs`` unread and every step would see one token alone.
+        parameters = inspect.signature(self.model.forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self._runs: dict[tuple[tuple[int, ...], int], ReferenceRun] = {}
 
     @property
@@ -130,7 +135,7 @@ class Reference:
         cache: Any = DynamicCache(config=self.model.config)  # filled in place, step by step
         with torch.no_grad():
             for _ in range(max_tokens):
-                out = self.model(input_ids=ids, cache=cache, use_cache=True)
+                out = self.model(input_ids=ids, use_cache=True, **{self._cache_argument: cache})
                 logits = out.logits[0, -1]
                 top = torch.topk(logits, 2)
                 token = int(top.indices[0])
