@@ -9,7 +9,7 @@ BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
 .PHONY: install demo test conformance conformance-compiled conformance-tp conformance-vllm vllm-install \
-	typecheck lint clean bench bench-gate chaos mutation certify
+	typecheck lint clean bench bench-gate chaos mutation certify certify-vllm
 
 install: $(VENV)/.installed
 
@@ -83,6 +83,12 @@ VLLM_EXAMPLE := examples/vllm_backend
 
 conformance-vllm: vllm-install
 	$(VLLM_BIN)/python -m pagedkv_vllm.run --out build/conformance-vllm
+
+# `pagedkv certify`, quick and full, against vLLM's CPU server serving the embedded model:
+# rewrites the certify table in conformance/README.md; fails on a verdict not classified there
+# (examples/vllm_backend/pagedkv_vllm/certify_server.py). Minutes; not in `make test`.
+certify-vllm: vllm-install
+	$(VLLM_BIN)/python -m pagedkv_vllm.certify_server --out build/certify-vllm
 
 vllm-install: $(VLLM_VENV)/.installed
 

