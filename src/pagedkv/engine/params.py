@@ -16,6 +16,22 @@ GREEDY_TEMPERATURE = 1e-5
 MAX_PENALTY = 2.0
 #: A logit bias lies in ``[-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]`` (OpenAI).
 MAX_LOGIT_BIAS = 100.0
+#: The largest finite float32, the dtype the sampler computes in (ENG-177): a temperature or
+#: repetition penalty above it is infinite there.
+FLOAT32_MAX = 3.4028234663852886e38
+#: The smallest normal float32 (2**-126). A repetition penalty below it divides a logit of 1
+#: past :data:`FLOAT32_MAX`; a ``top_p`` below it keeps exactly the most likely token, since no
+#: float32 probability of a second token is smaller (ENG-177).
+FLOAT32_TINY = 2.0**-126
+#: The float fields of :class:`SamplingParams`, each checked finite (ENG-176).
+FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
 class InvalidSamplingParams(InvalidRequest):
@@ -42,10 +58,12 @@ class SamplingParams:
     Attributes:
         max_tokens: most tokens to generate, at least 1.
         temperature: below :data:`GREEDY_TEMPERATURE` (0 included) means greedy (argmax);
-            otherwise logits are divided by it.
+            otherwise logits are divided by it; finite, at most :data:`FLOAT32_MAX`
+            (ENG-176, ENG-177), with no other upper bound (as vLLM).
         top_k: keep the ``top_k`` most likely tokens; 0 or -1 keeps all.
         top_p: keep the smallest set of most likely tokens whose probability reaches ``top_p``;
-            in ``(0, 1]``.
+            in ``(0, 1]``. Below :data:`FLOAT32_TINY` (``5e-324`` included) that set is the
+            most likely token alone, which the sampler keeps exactly (ENG-177).
         min_p: drop tokens whose probability is below ``min_p`` times the top one's; ``[0, 1]``.
         seed: seeds this request's own random generator, so a sampled output does not depend on
             what else is in the batch.
@@ -63,7 +81,8 @@ class SamplingParams:
         frequency_penalty: subtracted from each token's logit once per time the output holds
             it; in ``[-2, 2]``.
         repetition_penalty: divides the positive logits, and multiplies the negative ones, of
-            every token in the prompt or the output; above 0, 1 for none.
+            every token in the prompt or the output; above 0, 1 for none; a normal float32
+            (in ``[FLOAT32_TINY, FLOAT32_MAX]``, ENG-177).
         logit_bias: token id to a value in ``[-100, 100]`` added to its logit at every step
             (a mapping, stored as sorted ``(token, bias)`` pairs so the object stays hashable).
         min_tokens: no EOS or stop token can be sampled, and no stop string ends the output,
@@ -104,14 +123,37 @@ class SamplingParams:
         bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
         object.__setattr__(self, "output_kind", _output_kind(self.output_kind))
+        self._check_finite()
         self._check_ranges()
         self._check_extensions()
+
+    def _check_finite(self) -> None:
+        """Every float field is a finite number (ENG-176): NaN passes no range comparison
+        written carelessly, and infinity passes ``>= 0``."""
+        for name in FLOAT_FIELDS:
+            value = getattr(self, name)
+            try:
+                finite = math.isfinite(value)
+            except TypeError:
+                raise InvalidSamplingParams(f"{name} must be a number, got {value!r}") from None
+            if not finite:
+                raise InvalidSamplingParams(f"{name} must be a finite number, got {value}")
+        for token, bias in self.logit_bias:  # type: ignore[misc]
+            if not math.isfinite(bias):
+                raise InvalidSamplingParams(
+                    f"logit_bias of token {token} must be a finite number, got {bias}"
+                )
 
     def _check_ranges(self) -> None:
         if self.max_tokens < 1:
             raise InvalidSamplingParams(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not self.temperature >= 0.0:  # also rejects NaN
             raise InvalidSamplingParams(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature > FLOAT32_MAX:
+            raise InvalidSamplingParams(
+                f"temperature must be at most {FLOAT32_MAX:.8g} (float32's largest; the sampler "
+                f"divides logits by it in float32), got {self.temperature}"
+            )
         if self.top_k < -1:
             raise InvalidSamplingParams(f"top_k must be -1, 0 or positive, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
@@ -138,6 +180,12 @@ class SamplingParams:
         if not (self.repetition_penalty > 0.0 and math.isfinite(self.repetition_penalty)):
             raise InvalidSamplingParams(
                 f"repetition_penalty must be positive and finite, got {self.repetition_penalty}"
+            )
+        if not FLOAT32_TINY <= self.repetition_penalty <= FLOAT32_MAX:
+            raise InvalidSamplingParams(
+                f"repetition_penalty must be in [{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}] (a "
+                "normal float32: the sampler divides logits by it in float32), got "
+                f"{self.repetition_penalty}"
             )
         for token, bias in self.logit_bias:  # type: ignore[misc]
             if token < 0:

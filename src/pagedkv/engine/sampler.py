@@ -20,7 +20,7 @@ import torch
 
 from pagedkv.engine.logit_summary import LogitSummary, RowSummary
 from pagedkv.engine.outputs import TokenLogprobs
-from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.params import FLOAT32_MAX, FLOAT32_TINY, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,13 @@ class Sampled:
     def token_logprobs(self) -> TokenLogprobs:
         """The entry a request's ``logprobs`` keeps for this position."""
         return TokenLogprobs(self.token_id, self.logprob, self.top)
+
+
+def _saturated(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """``after`` (computed from ``before``) with every value kept finite where ``before`` was
+    not ``-inf`` (a masked token stays masked): a penalty or temperature that overflows float32
+    saturates at its largest value instead of giving ``inf``, whose softmax is NaN (ENG-178)."""
+    return torch.where(torch.isneginf(before), after, after.clamp(-FLOAT32_MAX, FLOAT32_MAX))
 
 
 def _pairs(tokens: Sequence[Collection[int]], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,7 +130,7 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
     output = token_counts([rows[i].output_token_ids for i in which], vocab)
     seen = (output + token_counts([rows[i].prompt_token_ids for i in which], vocab)) > 0
     repetition = torch.tensor([rows[i].params.repetition_penalty for i in which]).unsqueeze(1)
-    penalised = torch.where(sub > 0, sub / repetition, sub * repetition)
+    penalised = _saturated(sub, torch.where(sub > 0, sub / repetition, sub * repetition))
     sub = torch.where(seen, penalised, sub)
     frequency = torch.tensor([rows[i].params.frequency_penalty for i in which]).unsqueeze(1)
     presence = torch.tensor([rows[i].params.presence_penalty for i in which]).unsqueeze(1)
@@ -139,14 +146,17 @@ def filtered_probs_batch(logits: torch.Tensor, params: Sequence[SamplingParams])
     """
     vocab = logits.shape[1]
     temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
-    scaled = logits / temperature.unsqueeze(1)
+    scaled = _saturated(logits, logits / temperature.unsqueeze(1))
     top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
     if bool((top_k < vocab).any()):
         ordered = torch.sort(scaled, dim=1, descending=True).values
         kth = ordered.gather(1, (top_k - 1).unsqueeze(1))
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=1)
-    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype).unsqueeze(1)
+    # A top_p below the smallest normal float32 (5e-324 would round to 0 and keep nothing)
+    # keeps the most likely token alone, as its exact value does (ENG-177).
+    top_p = torch.tensor([max(p.top_p, FLOAT32_TINY) for p in params], dtype=probs.dtype)
+    top_p = top_p.unsqueeze(1)
     if bool((top_p < 1.0).any()):
         sorted_probs, order = torch.sort(probs, dim=1, descending=True)
         before = torch.cumsum(sorted_probs, dim=1) - sorted_probs

@@ -33,7 +33,9 @@ TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN and infinities (JSON's non-standard ``NaN``/``Infinity`` tokens, which Python's
+    # reader accepts, or ``1e400``) are refused in every float field, naming it (SRV-105).
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class StreamOptions(_Request):
