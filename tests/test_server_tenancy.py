@@ -1,10 +1,11 @@
-"""Tenant isolation (SRV-070..SRV-072): ``cache_salt`` on both endpoints, API keys, and one
+"""Tenant isolation (SRV-070..SRV-074): ``cache_salt`` on both endpoints, API keys, and one
 prefix-cache namespace per key, so that nothing a client can read without a clock tells it
 whether another tenant sent a prompt.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +20,13 @@ from serving_models import tiny_chat_model
 from pagedkv.backend import load_engine
 from pagedkv.engine.config import EngineConfig
 from pagedkv.entrypoints.server.app import ServerConfig, create_app
+from pagedkv.errors import InvalidRequest
 
 MODEL = "tiny"
 CONFIG = EngineConfig(page_size=8, num_pages=96, max_model_len=256)
 KEY_A = "key-of-tenant-a"
 KEY_B = "key-of-tenant-b"
+METRICS_KEY = "key-of-the-operator"
 #: Several full pages long, so that a repeat of it is served from the prefix cache.
 LONG = "import os\nimport sys\n\nclass Config:\n    def __init__(self, path):\n" * 3
 
@@ -44,7 +47,9 @@ def open_server(model_dir: Path) -> Iterator[Running]:
 @pytest.fixture(scope="module")
 def tenant_server(model_dir: Path) -> Iterator[Running]:
     """Two keys, each its own prefix-cache namespace."""
-    config = ServerConfig(api_keys=(KEY_A, KEY_B), cache_salt_per_api_key=True)
+    config = ServerConfig(
+        api_keys=(KEY_A, KEY_B), cache_salt_per_api_key=True, metrics_api_key=METRICS_KEY
+    )
     app = create_app(load_engine(model_dir, CONFIG), MODEL, config=config)
     with running(app) as server:
         yield server
@@ -119,7 +124,7 @@ def test_api_keys_are_required_except_for_health(tenant_server: Running) -> None
 
 
 def prefix_hits(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY_A}"}).text
+    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {METRICS_KEY}"}).text
     return metric(text, "vllm:prefix_cache_hits_total", model_name=MODEL)
 
 
@@ -167,3 +172,85 @@ def test_streamed_usage_does_not_leak_across_tenants(tenant_server: Running) -> 
     assert seen[1] > 0
     assert seen[2] == 0
     wait_idle(tenant_server.bridge)
+
+
+# -- safe defaults: several keys isolate, /metrics takes the metrics key alone ------------------
+
+
+def _serve(model_dir: Path, config: ServerConfig) -> Any:
+    return running(create_app(load_engine(model_dir, CONFIG), MODEL, config=config))
+
+
+@pytest.mark.spec("SRV-073")
+def test_several_keys_isolate_tenants_by_default(model_dir: Path) -> None:
+    """Catches the old default, where several keys shared one prefix cache unless the
+    operator remembered ``--cache-salt-per-api-key``: tenant B learned tenant A's prompt page by
+    page through ``cached_tokens``. Only ``shared_prefix_cache`` shares, on purpose."""
+    secret = "# default isolation\n" + LONG
+    with _serve(model_dir, ServerConfig(api_keys=(KEY_A, KEY_B))) as server:
+        assert cached(completion(server.url, KEY_A, secret)) == 0
+        assert cached(completion(server.url, KEY_A, secret)) > 0
+        assert cached(completion(server.url, KEY_B, secret)) == 0
+        assert cached(chat(server.url, KEY_A, secret)) == 0
+        assert cached(chat(server.url, KEY_B, secret)) == 0
+        wait_idle(server.bridge)
+    shared = ServerConfig(api_keys=(KEY_A, KEY_B), shared_prefix_cache=True)
+    with _serve(model_dir, shared) as server:
+        assert cached(completion(server.url, KEY_A, secret)) == 0
+        assert cached(completion(server.url, KEY_B, secret)) > 0
+        wait_idle(server.bridge)
+
+
+@pytest.mark.spec("SRV-073")
+def test_contradicting_tenant_flags_are_refused() -> None:
+    """Catches flags accepted and dropped: sharing and per-key salting together, or sharing
+    with no keys to share between, are refused naming the flags."""
+    with pytest.raises(InvalidRequest, match="--shared-prefix-cache"):
+        ServerConfig(api_keys=(KEY_A, KEY_B), shared_prefix_cache=True, cache_salt_per_api_key=True)
+    with pytest.raises(InvalidRequest, match="--shared-prefix-cache"):
+        ServerConfig(shared_prefix_cache=True)
+    assert ServerConfig(api_keys=(KEY_A,), cache_salt_per_api_key=True).tenant_per_key
+    assert not ServerConfig(api_keys=(KEY_A,)).tenant_per_key
+    assert ServerConfig(api_keys=(KEY_A, KEY_B)).tenant_per_key
+
+
+@pytest.mark.spec("SRV-074")
+def test_metrics_take_only_the_metrics_key(model_dir: Path) -> None:
+    """Catches ``/metrics`` readable with any tenant's key (it shows every tenant's prompt
+    lengths, timings and repeats): a tenant's key is answered 403, no key 401, the metrics key
+    200; and the metrics key opens no other endpoint. Without a metrics key, keys close
+    ``/metrics`` to every tenant."""
+    config = ServerConfig(api_keys=(KEY_A, KEY_B), metrics_api_key=METRICS_KEY)
+    with _serve(model_dir, config) as server:
+        url = f"{server.url}/metrics"
+        for key in (KEY_A, KEY_B):
+            error = error_of(httpx.get(url, headers={"Authorization": f"Bearer {key}"}), 403)
+            assert error["code"] == "forbidden"
+        error_of(httpx.get(url), 401)
+        error_of(httpx.get(url, headers={"Authorization": "Bearer wrong"}), 401)
+        ok = httpx.get(url, headers={"Authorization": f"Bearer {METRICS_KEY}"})
+        assert ok.status_code == 200
+        assert "vllm:prompt_tokens" in ok.text
+        error_of(completion(server.url, METRICS_KEY), 401)
+    with _serve(model_dir, ServerConfig(api_keys=(KEY_A,))) as server:
+        headers = {"Authorization": f"Bearer {KEY_A}"}
+        error_of(httpx.get(f"{server.url}/metrics", headers=headers), 403)
+    with _serve(model_dir, ServerConfig(metrics_api_key=METRICS_KEY)) as server:
+        error_of(httpx.get(f"{server.url}/metrics"), 401)
+        assert completion(server.url).status_code == 200
+        wait_idle(server.bridge)
+    with pytest.raises(InvalidRequest, match="--metrics-api-key"):
+        ServerConfig(api_keys=(KEY_A,), metrics_api_key=KEY_A)
+
+
+@pytest.mark.spec("SRV-074")
+def test_serve_help_documents_the_metrics_key() -> None:
+    """Catches an undocumented flag: ``pagedkv serve --help`` names ``--metrics-api-key``,
+    its environment variable and ``--shared-prefix-cache``."""
+    from pagedkv.entrypoints.cli.main import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = subparsers.choices["serve"].format_help()
+    for needle in ("--metrics-api-key", "PAGEDKV_METRICS_API_KEY", "--shared-prefix-cache"):
+        assert needle in text

@@ -35,6 +35,8 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30
 DEFAULT_LOG_STATS_INTERVAL_S = 10.0
 #: Environment variable read for an API key when no ``--api-key`` is given.
 API_KEY_ENV = "PAGEDKV_API_KEY"
+#: Environment variable read for the metrics key when no ``--metrics-api-key`` is given.
+METRICS_KEY_ENV = "PAGEDKV_METRICS_API_KEY"
 
 EXAMPLES = """\
 endpoints:
@@ -187,7 +189,24 @@ def _add_auth_flags(parser: argparse.ArgumentParser) -> None:
         "--cache-salt-per-api-key",
         action="store_true",
         help="give each API key its own prefix cache: tenants never share KV pages, so "
-        "cached_tokens and timing reveal nothing of another key's prompts",
+        "cached_tokens and timing reveal nothing of another key's prompts; the default with "
+        "several keys, so needed only to salt a single key",
+    )
+    auth.add_argument(
+        "--shared-prefix-cache",
+        action="store_true",
+        help="let several API keys share one prefix cache (faster repeats across keys, but a "
+        "tenant can then learn another's prompts through cached_tokens); default: each key "
+        "has its own",
+    )
+    auth.add_argument(
+        "--metrics-api-key",
+        default=None,
+        metavar="KEY",
+        help="the only key GET /metrics takes once keys are set (tenant keys get 403: the "
+        "metrics show every tenant's prompt lengths, timings and repeats); it opens nothing "
+        f"else; default: ${METRICS_KEY_ENV} if set, else /metrics is closed when --api-key is "
+        "given and open otherwise",
     )
 
 
@@ -202,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
     api_keys = tuple(args.api_key or ())
     if not api_keys and os.environ.get(API_KEY_ENV):
         api_keys = (os.environ[API_KEY_ENV],)
+    metrics_key = args.metrics_api_key or os.environ.get(METRICS_KEY_ENV) or None
     server_config = ServerConfig(
         limits=AdmissionLimits(
             max_prompts_per_request=args.max_prompts_per_request,
@@ -210,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
         ),
         api_keys=api_keys,
         cache_salt_per_api_key=args.cache_salt_per_api_key,
+        shared_prefix_cache=args.shared_prefix_cache,
+        metrics_api_key=metrics_key,
         log_stats_interval_s=args.log_stats_interval or None,
         reasoning_parser=args.reasoning_parser,
         close_engine=True,

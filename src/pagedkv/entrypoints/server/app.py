@@ -46,7 +46,13 @@ class ServerConfig:
         api_keys: keys a request must present as ``Authorization: Bearer KEY``; empty for no
             authentication.
         cache_salt_per_api_key: give each API key its own prefix-cache namespace; needs
-            ``api_keys``.
+            ``api_keys``. With several keys this is the default (SRV-073); the flag still
+            salts a single key.
+        shared_prefix_cache: let several API keys share one prefix cache (the operator's
+            explicit choice: a tenant can then learn another's prompts through
+            ``cached_tokens``); needs ``api_keys``, contradicts ``cache_salt_per_api_key``.
+        metrics_api_key: the only key ``/metrics`` takes (SRV-074); ``None``: with
+            ``api_keys``, ``/metrics`` is closed to every key. Must differ from every API key.
         log_stats_interval_s: seconds between throughput lines in the log; ``None`` for none.
         reasoning_parser: a reasoning parser (``qwen3``) splitting chat replies into
             ``reasoning_content`` and ``content``, or ``None``.
@@ -58,6 +64,8 @@ class ServerConfig:
     limits: AdmissionLimits = field(default_factory=AdmissionLimits)
     api_keys: tuple[str, ...] = ()
     cache_salt_per_api_key: bool = False
+    shared_prefix_cache: bool = False
+    metrics_api_key: str | None = None
     log_stats_interval_s: float | None = DEFAULT_LOG_STATS_INTERVAL_S
     reasoning_parser: str | None = None
     close_engine: bool = False
@@ -67,6 +75,20 @@ class ServerConfig:
             raise InvalidRequest("cache_salt_per_api_key needs at least one API key")
         if any(not key for key in self.api_keys):
             raise InvalidRequest("API keys must not be empty")
+        if self.shared_prefix_cache and not self.api_keys:
+            raise InvalidRequest("shared_prefix_cache (--shared-prefix-cache) needs API keys")
+        if self.shared_prefix_cache and self.cache_salt_per_api_key:
+            raise InvalidRequest(
+                "shared_prefix_cache (--shared-prefix-cache) and cache_salt_per_api_key "
+                "(--cache-salt-per-api-key) contradict each other: give one"
+            )
+        if self.metrics_api_key is not None and not self.metrics_api_key:
+            raise InvalidRequest("metrics_api_key (--metrics-api-key) must not be empty")
+        if self.metrics_api_key is not None and self.metrics_api_key in self.api_keys:
+            raise InvalidRequest(
+                "metrics_api_key (--metrics-api-key) must differ from every API key: a tenant "
+                "holding it would read every tenant's traffic"
+            )
         interval = self.log_stats_interval_s
         if interval is not None and not (interval > 0 and math.isfinite(interval)):
             raise InvalidRequest(f"log_stats_interval_s must be > 0, got {interval}")
@@ -75,9 +97,20 @@ class ServerConfig:
     def auth_summary(self) -> str:
         """How requests are authenticated, for the log (never the keys)."""
         if not self.api_keys:
-            return "none"
-        salted = ", one prefix-cache salt per key" if self.cache_salt_per_api_key else ""
-        return f"{len(self.api_keys)} API key(s){salted}"
+            return "none" if self.metrics_api_key is None else "/metrics behind the metrics key"
+        salted = ", one prefix-cache salt per key" if self.tenant_per_key else ""
+        shared = ", one prefix cache shared by every key" if self.shared_prefix_cache else ""
+        metrics = (
+            "/metrics closed" if self.metrics_api_key is None else "/metrics behind the metrics key"
+        )
+        return f"{len(self.api_keys)} API key(s){salted}{shared}, {metrics}"
+
+    @property
+    def tenant_per_key(self) -> bool:
+        """Whether each API key gets its own prefix-cache salt: asked for, or several keys
+        not explicitly sharing (SRV-073)."""
+        several = len(set(self.api_keys)) > 1
+        return self.cache_salt_per_api_key or (several and not self.shared_prefix_cache)
 
 
 def create_app(
@@ -109,7 +142,10 @@ def create_app(
         max_body_bytes,
         config.limits,
         ApiKeys.of(config.api_keys) if config.api_keys else None,
-        tenant_per_key=config.cache_salt_per_api_key,
+        tenant_per_key=config.tenant_per_key,
+        metrics_key=(
+            None if config.metrics_api_key is None else ApiKeys.of((config.metrics_api_key,))
+        ),
     )
     if not model_name:
         raise InvalidRequest("model_name must not be empty")

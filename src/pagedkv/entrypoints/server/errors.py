@@ -18,6 +18,7 @@ from pagedkv.entrypoints.server.async_engine import EngineFailure, EngineUnavail
 from pagedkv.entrypoints.server.policy import (
     BodyTooLarge,
     DeadlineExceeded,
+    Forbidden,
     QueueFull,
     TooManyPrompts,
     Unauthenticated,
@@ -114,6 +115,10 @@ def _unauthenticated(exc: Unauthenticated) -> APIError:
     return APIError(401, str(exc), code="invalid_api_key", headers=bearer)
 
 
+def _forbidden(exc: Forbidden) -> APIError:
+    return APIError(403, str(exc), error_type="permission_error", code="forbidden")
+
+
 def _body_too_large(exc: BodyTooLarge) -> APIError:
     return APIError(413, str(exc), code="request_too_large")
 
@@ -162,6 +167,7 @@ _CONVERSIONS: tuple[tuple[type[Any], Callable[[Any], APIError]], ...] = (
     (RequestValidationError, _validation_error),
     (InvalidRequest, invalid_request_error),
     (Unauthenticated, _unauthenticated),
+    (Forbidden, _forbidden),
     (BodyTooLarge, _body_too_large),
     (QueueFull, _queue_full),
     (DeadlineExceeded, _deadline),

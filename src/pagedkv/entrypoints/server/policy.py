@@ -12,7 +12,12 @@ The app consults one :class:`ServerPolicy`. Each check answers a decision value,
 - **Tenants.** Under per-key salting each key is a tenant: the requests it authenticates get a
   cache salt derived from the key (combined with any ``cache_salt`` they give), so no two keys
   ever share a KV page, and neither ``cached_tokens`` nor time to first token can tell one
-  tenant what another has sent.
+  tenant what another has sent. Per-key salting is the default with several keys (SRV-073);
+  the operator shares the prefix cache between keys only on purpose.
+- **Metrics.** With keys or a metrics key configured, ``GET /metrics`` (other tenants' prompt
+  lengths, timings and repeats) takes only the metrics key: a tenant's key is refused with
+  :class:`Forbidden` (403), no key with :class:`Unauthenticated`; the metrics key opens nothing
+  else (SRV-074).
 - **Bodies.** A body larger than ``max_body_bytes`` is refused with :class:`BodyTooLarge` (413).
 - **Admission** (:class:`~pagedkv.entrypoints.server.admission.AdmissionLimits`): too many
   prompts in one request, :class:`TooManyPrompts` (400); a queue of waiting requests that would
@@ -31,10 +36,17 @@ from pagedkv.errors import InvalidRequest, PagedKVError
 
 #: Paths answered without a key (load balancers probe them).
 OPEN_PATHS = frozenset({"/health"})
+#: The path only the metrics key opens, once any key is configured.
+METRICS_PATH = "/metrics"
 
 
 class Unauthenticated(PagedKVError):
     """The request presents none of the configured API keys (401)."""
+
+
+class Forbidden(PagedKVError):
+    """The request presents a valid key that this path does not take: a tenant's key on
+    ``/metrics`` (403)."""
 
 
 class BodyTooLarge(PagedKVError):
@@ -70,7 +82,7 @@ class DeadlineExceeded(PagedKVError):
 
 
 #: Why a request was refused.
-Refusal = Unauthenticated | BodyTooLarge | TooManyPrompts | QueueFull
+Refusal = Unauthenticated | Forbidden | BodyTooLarge | TooManyPrompts | QueueFull
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +120,15 @@ class ServerPolicy:
         limits: prompts per request, waiting requests, request deadline.
         api_keys: the keys a request must present; ``None`` for no authentication.
         tenant_per_key: give each API key its own prefix-cache namespace; needs ``api_keys``.
+        metrics_key: the one key ``/metrics`` takes (``None``: with ``api_keys``, ``/metrics``
+            is closed to every key; without, open to all).
     """
 
     max_body_bytes: int
     limits: AdmissionLimits = field(default_factory=AdmissionLimits)
     api_keys: ApiKeys | None = None
     tenant_per_key: bool = False
+    metrics_key: ApiKeys | None = None
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1:
@@ -124,6 +139,8 @@ class ServerPolicy:
     def authenticate(self, path: str, authorization: str) -> Decision:
         """Whether a request for ``path`` with this ``Authorization`` header value (``""``
         when absent) may go on, and under which tenant."""
+        if path == METRICS_PATH:
+            return self._authenticate_metrics(authorization)
         if self.api_keys is None or path in OPEN_PATHS:
             return ADMITTED
         digest = self.api_keys.presented(authorization)
@@ -132,6 +149,23 @@ class ServerPolicy:
                 Unauthenticated("invalid or missing API key: send 'Authorization: Bearer KEY'")
             )
         return Admitted(digest.hex() if self.tenant_per_key else None)
+
+    def _authenticate_metrics(self, authorization: str) -> Decision:
+        """``/metrics``: open without any key configured; else the metrics key alone."""
+        if self.api_keys is None and self.metrics_key is None:
+            return ADMITTED
+        if self.metrics_key is not None and self.metrics_key.presented(authorization):
+            return ADMITTED
+        if self.api_keys is not None and self.api_keys.presented(authorization):
+            return Refused(
+                Forbidden(
+                    "/metrics shows every tenant's traffic: it takes only the metrics key "
+                    "(pagedkv serve --metrics-api-key), not a tenant's API key"
+                )
+            )
+        return Refused(
+            Unauthenticated("invalid or missing metrics key: send 'Authorization: Bearer KEY'")
+        )
 
     def admit_body(self, size: int) -> Decision:
         """Whether a body of ``size`` bytes (declared, or read so far) may be read on."""
