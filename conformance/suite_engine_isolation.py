@@ -87,6 +87,12 @@ def add_all(engine: Engine, prompts: Sequence[Sequence[int]], params: SamplingPa
     return [engine.add_request(list(p), params) for p in prompts]
 
 
+def first_half(items: Sequence[int]) -> list[int]:
+    """The first half of a failed step's rows (the larger half, for an odd count): what the
+    engine runs next while it searches for the failure's cause (ENG-072)."""
+    return list(items[: (len(items) + 1) // 2])
+
+
 def assert_failed(output: RequestOutput) -> None:
     """``output`` ends its request with reason ``error``, a message and, in every completion, no
     new token and no new text."""
@@ -237,8 +243,9 @@ class EngineIsolationSuite:
     @pytest.mark.parametrize("mode", ["v1", "v0"])
     def test_a_failed_step_is_run_again_unchanged(self, backend: Backend, mode: str) -> None:
         """The first step (every prefill) and the third (a decode step) raise after the model
-        wrote their K/V: the next step runs the same positions again, and every output is the
-        solo run's."""
+        wrote their K/V: the next step runs the same positions again (those of the first half
+        of its requests, when it held several: ENG-072's search for the cause), and every
+        output is the solo run's."""
         config = replace(CONFIG, mode="v1" if mode == "v1" else "v0")
         inner = HashRunner(VOCAB, config.num_pages, config.page_size)
         runner = FaultyRunner(inner, fail_calls={0, 2})
@@ -247,8 +254,8 @@ class EngineIsolationSuite:
         ids = add_all(engine, prompts, greedy(max_tokens=5))
         run = run_all(engine)
         assert runner.faults == [0, 2]
-        assert inner.steps[1] == inner.steps[0]
-        assert inner.steps[3] == inner.steps[2]
+        assert inner.steps[1] == first_half(inner.steps[0])
+        assert inner.steps[3] == first_half(inner.steps[2])
         assert run.steps[0] == run.steps[2] == []  # a failed step reports nothing
         for request_id, prompt in zip(ids, prompts, strict=True):
             assert_clean(run.finals[request_id], solo_greedy(prompt, 5))
@@ -287,9 +294,12 @@ class EngineIsolationSuite:
     @pytest.mark.spec("ENG-072", "ENG-073")
     @pytest.mark.parametrize("mode", ["v1", "v0"])
     def test_a_request_no_step_can_run_fails_alone(self, backend: Backend, mode: str) -> None:
-        """Every step holding the poisoned request raises. It shares its first steps with four
-        others, and a fifth waits for a free sequence slot: only the poisoned request fails,
-        after three failed steps, and every other finishes as it would alone."""
+        """Every step holding the poisoned request raises. It shares its first step with three
+        others, and a fifth waits for a free sequence slot: the engine halves that step (the
+        first half, two clean requests, succeeds; the second, the poisoned one and a clean
+        one, fails and is halved again), then the poisoned request fails after three failed
+        steps alone: five failed steps, only the poisoned request fails, and every other
+        finishes as it would alone."""
         config = replace(CONFIG, max_num_seqs=5, mode="v1" if mode == "v1" else "v0")
         runner = PoisonedRunner(
             VOCAB, config.num_pages, config.page_size, poison=POISON, kind="raise"
@@ -304,8 +314,10 @@ class EngineIsolationSuite:
         for request_id, prompt in zip(ids, prompts, strict=True):
             assert_clean(run.finals[request_id], solo_greedy(prompt, 6))
         stats = engine.stats()
-        assert stats.failed_steps == 3
-        assert runner.poisoned_steps == 3
+        assert stats.failed_steps == 5
+        assert runner.poisoned_steps == 5
+        alone = [held for held in runner.keys if len(held) == 1 and held[0][0] == POISON[0]]
+        assert len(alone) == 3
         assert stats.pages_in_use == 0
 
     @pytest.mark.spec("ENG-072", "ENG-131", "ENG-051")
@@ -313,9 +325,10 @@ class EngineIsolationSuite:
     def test_a_request_no_step_can_run_fails_alone_beside_one_other(
         self, backend: Backend, retries: int
     ) -> None:
-        """A clean request and a poisoned one, both on their last try after ``retries``
-        failed steps: each then runs alone, the clean one first (a step of one sequence, which
-        observers see), so only the poisoned one fails and the clean one finishes as alone."""
+        """A clean request and a poisoned one fail their first step together: that step counts
+        against neither, and each then runs alone, the clean one first (a step of one
+        sequence, which observers see), so only the poisoned one fails, after ``1 + retries``
+        failed steps alone, and the clean one finishes as alone, with all its tries left."""
         config = replace(CONFIG, max_step_retries=retries)
         runner = PoisonedRunner(
             VOCAB, config.num_pages, config.page_size, poison=POISON, kind="raise"
@@ -329,7 +342,7 @@ class EngineIsolationSuite:
         run = run_all(engine)
         assert_failed(run.finals[poisoned])
         assert_clean(run.finals[clean], solo_greedy(prompt, 4))
-        assert engine.stats().failed_steps == runner.poisoned_steps == retries + 1
+        assert engine.stats().failed_steps == runner.poisoned_steps == retries + 2
         assert [r.num_seqs for r in reports] == [1] * 4
         assert all(r.num_preempted == 0 for r in reports)
 

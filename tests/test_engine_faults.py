@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_chaos import run_engine_chaos
 
 from pagedkv.backend import ReferenceBackend, reference_backend
 from pagedkv.engine.config import EngineConfig
@@ -97,19 +98,18 @@ def applies_failed_steps(engine: LLMEngine) -> None:
     scheduler.update_from_failure = update_from_failure  # type: ignore[method-assign]
 
 
-def never_acquits(engine: LLMEngine) -> None:
-    """A request failed alone does not clear the counts of the requests it shared failed steps
-    with: they stay one unlucky step from failing."""
+def charges_neighbours(engine: LLMEngine) -> None:
+    """A failed step of several requests counts one failure against each of them before it is
+    halved: a request whose neighbour failed loses tries it never used."""
     scheduler = engine.scheduler
     update = scheduler.update_from_failure
 
     def update_from_failure(scheduled: SchedulerOutput, error: str) -> list[Request]:
-        counts = {r: r.step_failures for r in (*scheduler.running, *scheduler.waiting)}
-        failed = update(scheduled, error)
-        for request, count in counts.items():
-            if request not in failed:
-                request.step_failures = count + (request in {c.request for c in scheduled.chunks})
-        return failed
+        requests = {id(c.request): c.request for c in scheduled.chunks}
+        if len(requests) > 1:
+            for request in requests.values():
+                request.step_failures += 1
+        return update(scheduled, error)
 
     scheduler.update_from_failure = update_from_failure  # type: ignore[method-assign]
 
@@ -119,9 +119,23 @@ def ignores_retries(engine: LLMEngine) -> None:
     engine.scheduler.config = dataclasses.replace(engine.config, max_step_retries=0)
 
 
-def last_try_batched(engine: LLMEngine) -> None:
-    """The last try runs in a batch, so an innocent request fails beside the culprit."""
-    engine.scheduler._alone_if_last_try = lambda scheduled: scheduled  # type: ignore[method-assign]
+def never_bisects(engine: LLMEngine) -> None:
+    """A failed step is never halved: every request of it counts a failure and runs in the
+    same batch again, so an innocent request fails beside the culprit."""
+    scheduler = engine.scheduler
+    scheduler._narrowed = lambda scheduled: scheduled  # type: ignore[method-assign]
+
+    def update_from_failure(scheduled: SchedulerOutput, error: str) -> list[Request]:
+        scheduler.num_failed_steps += 1
+        failed = []
+        for chunk in scheduled.chunks:
+            chunk.request.step_failures += 1
+            if chunk.request.step_failures > scheduler.config.max_step_retries:
+                scheduler.fail(chunk.request, error)
+                failed.append(chunk.request)
+        return failed
+
+    scheduler.update_from_failure = update_from_failure  # type: ignore[method-assign]
 
 
 def off_by_one_retry(engine: LLMEngine) -> None:
@@ -201,13 +215,13 @@ MUTANTS: dict[str, tuple[Callable[[LLMEngine], None], str, dict[str, Any]]] = {
         "test_failed_steps_publish_nothing_and_fail_after_the_retries",
         {"retries": 1},
     ),
-    "last_try_batched": (
-        last_try_batched,
+    "never_bisects": (
+        never_bisects,
         "test_a_request_no_step_can_run_fails_alone",
         {"mode": "v1"},
     ),
-    "never_acquits": (
-        never_acquits,
+    "charges_neighbours": (
+        charges_neighbours,
         "test_random_step_faults_fail_only_requests_out_of_tries",
         {"mode": "v1", "seed": 1},
     ),
@@ -242,14 +256,15 @@ class ShortLogitsRunner(HashRunner):
 @pytest.mark.spec("ENG-071")
 def test_logits_of_the_wrong_shape_fail_the_step() -> None:
     """A runner's logits with a row missing are a failed step, not a sampling error of the
-    last request: it is run again and every request gets its solo tokens."""
+    last request: its first half is run again (ENG-072) and every request gets its solo
+    tokens."""
     runner = ShortLogitsRunner(101, 64, 4)
     engine = reference_backend().create_engine(runner, EngineConfig(page_size=4, num_pages=64))
     prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
     ids = [engine.add_request(p, SamplingParams(max_tokens=4, temperature=0.0)) for p in prompts]
     outs = _finals(engine, ids)
     assert engine.stats().failed_steps == 1
-    assert runner.steps[0] == runner.steps[1]
+    assert runner.steps[1] == runner.steps[0][:2]
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.finish_reason is FinishReason.LENGTH
         assert list(out.token_ids) == solo_greedy(prompt, 4)
@@ -258,11 +273,14 @@ def test_logits_of_the_wrong_shape_fail_the_step() -> None:
 # -- the order of the last tries ------------------------------------------------------------------
 
 
-@pytest.mark.spec("ENG-074", "ENG-072")
-def test_the_request_that_never_completed_a_step_runs_alone_first() -> None:
-    """Three requests decode; a poisoned one joins them and the next two steps fail. The
-    poisoned request, with no token yet, runs alone next and fails; the three others go on
-    together, none of them alone."""
+@pytest.mark.spec("ENG-074", "ENG-072", "ENG-131")
+def test_a_failed_step_is_halved_until_its_cause_runs_alone() -> None:
+    """Three requests decode; a poisoned one joins them and their step fails. The engine runs
+    the first half (two clean requests, fine), then the second (a clean one and the poisoned
+    one, failing), halves that (the clean one, fine; the poisoned one, failing alone), and the
+    poisoned request fails after three failed steps alone; the three others go on together.
+    Catches a search that counts the batch's failure against the clean requests, that never
+    halves (they would fail beside it) or that runs the halves in another order."""
     config = EngineConfig(page_size=4, num_pages=64)
     runner = PoisonedRunner(101, 64, 4, poison=(100, 99), kind="raise", key_len=1)
     engine = reference_backend().create_engine(runner, config)
@@ -275,9 +293,69 @@ def test_the_request_that_never_completed_a_step_runs_alone_first() -> None:
     while engine.has_unfinished_requests():
         engine.step()
     held = [sorted(k[0] for k in keys) for keys in runner.keys]
-    assert held[2:6] == [[1, 2, 3, 100], [1, 2, 3, 100], [100], [1, 2, 3]]
-    assert runner.raised == [2, 3, 4]
-    assert all(len(keys) == 3 for keys in held[5:])
+    assert held[2:9] == [[1, 2, 3, 100], [1, 2], [3, 100], [3], [100], [100], [100]]
+    assert runner.raised == [2, 4, 6, 7, 8]
+    assert all(len(keys) == 3 for keys in held[9:])
+
+
+def charged_as_before(engine: LLMEngine) -> None:
+    """The engine before failed steps were halved: every request of a failed step counted a
+    failure, and only a request on its last try ran alone (where a random fault ended it)."""
+    scheduler = engine.scheduler
+
+    def update_from_failure(scheduled: SchedulerOutput, error: str) -> list[Request]:
+        scheduler.num_failed_steps += 1
+        failed = []
+        for chunk in scheduled.chunks:
+            chunk.request.step_failures += 1
+            if chunk.request.step_failures > scheduler.config.max_step_retries:
+                scheduler.fail(chunk.request, error)
+                failed.append(chunk.request)
+        if len(scheduled.chunks) == 1 and failed:
+            for request in (*scheduler.running, *scheduler.waiting):
+                request.step_failures = 0
+        return failed
+
+    def narrowed(scheduled: SchedulerOutput) -> SchedulerOutput:
+        retries = scheduler.config.max_step_retries
+        last = [c for c in scheduled.chunks if retries and c.request.step_failures >= retries]
+        if not last or len(scheduled.chunks) == 1:
+            return scheduled
+        chunk = min(last, key=lambda c: c.request.num_output_tokens)
+        return SchedulerOutput((chunk,), scheduled.preempted)
+
+    scheduler.update_from_failure = update_from_failure  # type: ignore[method-assign]
+    scheduler._narrowed = narrowed  # type: ignore[method-assign]
+
+
+#: A seed of the engine chaos run where the engine before halving failed an innocent request.
+CHAOS_SEED = 1
+
+
+@pytest.mark.spec("ENG-179", "ENG-072")
+def test_a_never_runnable_request_costs_no_innocent_request_a_try() -> None:
+    """600 requests arriving two per step, one of them poisoned (every step holding it
+    raises), and 2% of steps failing at random: only the poisoned request fails. Catches the
+    engine that charged a failed step to every request in it (below: on this seed it failed an
+    innocent request whose two tries the poisoned neighbour spent, then a random fault on its
+    last, solo, try)."""
+    report = run_engine_chaos(requests=600, fault_rate=0.02, seed=CHAOS_SEED, compare=False)
+    assert report.poisoned_failed
+    assert report.random_faults >= 5
+    assert report.innocent_failures == 0
+    assert report.pages_in_use_after == 0
+    assert report.ok
+
+
+@pytest.mark.spec("ENG-179")
+def test_the_engine_chaos_figure_catches_the_engine_before_halving() -> None:
+    """The same run on the engine as it was before failed steps were halved fails an innocent
+    request: the figure the test above holds at 0 can move."""
+    report = run_engine_chaos(
+        requests=600, fault_rate=0.02, seed=CHAOS_SEED, compare=False, mutate=charged_as_before
+    )
+    assert report.innocent_failures > 0
+    assert not report.ok
 
 
 # -- a real model ------------------------------------------------------------------------------
@@ -292,8 +370,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("mode", ["v1", "v0"])
 def test_failed_steps_of_a_real_model_change_no_output(tiny_model: Path, mode: str) -> None:
     """A tiny Qwen3 whose runner raises after writing the K/V of chosen steps (the first
-    prefill, a decode step, and three steps in a row that fail a request): the requests that
-    were not failed get exactly the tokens of a run without faults, and no page is left."""
+    prefill, a decode step, and five steps in a row: a step halved twice, then three steps
+    failing one request alone): the requests that were not failed get exactly the tokens of a
+    run without faults, and no page is left."""
     config = EngineConfig(
         page_size=4,
         num_pages=48,
@@ -317,12 +396,12 @@ def test_failed_steps_of_a_real_model_change_no_output(tiny_model: Path, mode: s
     clean, _ = engine(frozenset())
     ids = [clean.add_request(p, params) for p in prompts]
     expected = _finals(clean, ids)
-    faulty, runner = engine(frozenset({0, 5, 9, 10, 11}))
+    faulty, runner = engine(frozenset({0, 5, 9, 10, 11, 12, 13}))
     ids = [faulty.add_request(p, params) for p in prompts]
     got = _finals(faulty, ids)
     failed = [i for i, out in enumerate(got) if out.finish_reason is FinishReason.ERROR]
-    assert runner.faults == [0, 5, 9, 10, 11]
-    assert len(failed) == 1, "calls 9..11 fail the request running alone at call 11"
+    assert runner.faults == [0, 5, 9, 10, 11, 12, 13]
+    assert len(failed) == 1, "calls 11..13 fail the request running alone from call 11"
     for i, (out, want) in enumerate(zip(got, expected, strict=True)):
         if i not in failed:
             assert out.token_ids == want.token_ids

@@ -131,10 +131,11 @@ class TracingHashRunner(HashRunner):
 def out_of_tries(
     keys: Sequence[Sequence[tuple[int, ...]]], failed_calls: Collection[int], retries: int
 ) -> set[tuple[int, ...]]:
-    """The requests that were in ``1 + retries`` failed calls in a row, counting only the calls
-    that held them: those an engine with ``max_step_retries = retries`` must fail, and the
-    only ones it may fail for failing steps (ENG-072). A request failed by a call that held it
-    alone is the cause of the failures it shared: every other request's count starts again.
+    """The requests that ran alone in ``1 + retries`` failed calls in a row, counting only the
+    calls that held them: those an engine with ``max_step_retries = retries`` must fail, and
+    the only ones it may fail for failing steps (ENG-072). A failed call that held several
+    requests counts against none of them (the engine halves it to find its cause); a call
+    holding a request that succeeds starts its count again.
 
     Args:
         keys: :attr:`TracingHashRunner.keys`, one entry per call.
@@ -146,11 +147,12 @@ def out_of_tries(
     out: set[tuple[int, ...]] = set()
     for call, held in enumerate(keys):
         for key in held:
-            streaks[key] = streaks.get(key, 0) + 1 if call in failed else 0
-            if streaks[key] > retries:
-                out.add(key)
-        if len(held) == 1 and held[0] in out:
-            streaks = {}
+            if call not in failed:
+                streaks[key] = 0
+            elif len(held) == 1:
+                streaks[key] = streaks.get(key, 0) + 1
+                if streaks[key] > retries:
+                    out.add(key)
     return out
 
 

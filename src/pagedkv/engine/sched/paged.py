@@ -70,7 +70,7 @@ class PagedScheduler(Scheduler):
             i += 1
         if not preempted:
             self._admit(budget, chunks)
-        return self._alone_if_last_try(SchedulerOutput(tuple(chunks), tuple(preempted)))
+        return self._narrowed(SchedulerOutput(tuple(chunks), tuple(preempted)))
 
     def _grow(self, request: Request, num_tokens: int, out: list[Request]) -> PageTable | None:
         """Reserve ``num_tokens`` positions for ``request``, preempting the newest as needed.

@@ -40,7 +40,7 @@ class RecomputeScheduler(Scheduler):
             self._start(request, 0)
             chunks.append(ScheduledChunk(request, 0, request.num_tokens, ()))
             budget -= request.num_tokens
-        return self._alone_if_last_try(SchedulerOutput(tuple(chunks), ()))
+        return self._narrowed(SchedulerOutput(tuple(chunks), ()))
 
     def build_plan(self, scheduled: SchedulerOutput, device: torch.device) -> StepPlan:
         return build_recompute_plan([c.seq_chunk() for c in scheduled.chunks], device)

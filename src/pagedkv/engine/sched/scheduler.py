@@ -9,8 +9,10 @@ admitted first come, first served (ENG-030).
 
 Failures are the scheduler's to apply too, one request at a time: a request whose own sampling,
 text or stop handling raised is failed alone (:meth:`Scheduler.fail`, ENG-070); a step whose
-model run raised is applied as nothing at all and its requests are tried again, the last time
-each alone, before a request is failed (:meth:`Scheduler.update_from_failure`, ENG-071, ENG-072).
+model run raised is applied as nothing at all (ENG-071) and charged to its cause before anyone
+is counted a retry (ENG-072): a failed step of several requests is run again in halves, each
+failing half halved in turn, and only a step that ran one request alone counts against it
+(:meth:`Scheduler.update_from_failure`). A poisoned request's neighbours lose no tries to it.
 
 Two implementations, one per cache mode, chosen once by
 :func:`~pagedkv.engine.sched.factory.make_scheduler`:
@@ -54,6 +56,11 @@ class Scheduler(ABC):
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_failed_steps = 0
+        #: Groups of requests a failed step held, to be run by themselves in order (the search
+        #: for its cause, ENG-072); the first is the one being run.
+        self._suspects: deque[tuple[Request, ...]] = deque()
+        #: The suspect group the last scheduled step was cut down to, else ``None``.
+        self._testing: tuple[Request, ...] | None = None
 
     def add(self, request: Request) -> None:
         """Queue a new request (FCFS)."""
@@ -113,6 +120,7 @@ class Scheduler(ABC):
         if len(sampled) != len(scheduled.chunks):
             raise InvalidRequest(f"{len(sampled)} results for {len(scheduled.chunks)} chunks")
         now = time.perf_counter()
+        self._acquit()
         advanced: list[Request] = []
         for chunk, token in zip(scheduled.chunks, sampled, strict=True):
             chunk.request.step_failures = 0
@@ -201,27 +209,35 @@ class Scheduler(ABC):
         """Apply a step whose model run raised (``error`` says how): as nothing.
 
         No request advances and no page the step wrote is published (ENG-071): each request
-        keeps the pages it holds and runs the same positions again. Each counts one more
-        failed step; those past ``max_step_retries`` fail with reason ``error`` and are freed
-        (ENG-072). Returns them, in chunk order.
-
-        A request failed by a step that ran it alone is taken for the cause of the failed steps
-        it shared: every other request's count starts again, so its neighbours are not left
-        one unlucky step from failing.
+        keeps the pages it holds and runs the same positions again. A step of several requests
+        counts against none of them: they are split into two halves, run by themselves next,
+        the first half first (ENG-072). A step of one request counts one more failed step
+        against it; one past ``max_step_retries`` fails it with reason ``error`` and frees it.
+        Returns the requests failed, in chunk order.
         """
         self.num_failed_steps += 1
+        self._acquit()
+        requests = list(dict.fromkeys(chunk.request for chunk in scheduled.chunks))
+        if len(requests) > 1:
+            half = (len(requests) + 1) // 2
+            self._suspects.appendleft(tuple(requests[half:]))
+            self._suspects.appendleft(tuple(requests[:half]))
+            return []
         failed: list[Request] = []
-        for chunk in scheduled.chunks:
-            request = chunk.request
+        for request in requests:
             request.step_failures += 1
             if request.step_failures > self.config.max_step_retries:
                 tries = request.step_failures
-                self.fail(request, f"{tries} steps running it failed, the last with {error}")
+                self.fail(request, f"{tries} steps running it alone failed, the last with {error}")
                 failed.append(request)
-        if len(scheduled.chunks) == 1 and failed:
-            for request in (*self.running, *self.waiting):
-                request.step_failures = 0
         return failed
+
+    def _acquit(self) -> None:
+        """The suspect group the last step ran is done with: it succeeded (no cause in it) or
+        has just been split (the caller pushes its halves)."""
+        testing, self._testing = self._testing, None
+        if testing is not None and self._suspects and self._suspects[0] is testing:
+            self._suspects.popleft()
 
     def fail(self, request: Request, error: str) -> None:
         """End ``request`` with reason ``error`` and the message ``error``, freeing what it
@@ -230,25 +246,31 @@ class Scheduler(ABC):
         request.error = error
         self.finish(request, FinishReason.ERROR)
 
-    def _alone_if_last_try(self, scheduled: SchedulerOutput) -> SchedulerOutput:
-        """``scheduled``, cut down to one chunk of a request that one more failed step would
-        fail, if any: that request runs alone, so a step that fails then fails for its sake
-        only (ENG-072). The chunks left out run in a later step (their requests stay running,
+    def _narrowed(self, scheduled: SchedulerOutput) -> SchedulerOutput:
+        """``scheduled``, cut down while a failed step's cause is searched for (ENG-072,
+        ENG-131); the chunks left out run in a later step (their requests stay running,
         holding what they were given).
 
-        Of several such requests, the one that has generated the fewest tokens goes first
-        (the earliest admitted among equals): a request that has never completed a step is
-        the likelier cause, and failing it alone clears the others' counts, so they need no
-        step of their own.
+        A request whose last step failed with it alone runs alone again (of several, the one
+        that has generated the fewest tokens, the earliest admitted among equals: a request
+        that never completed a step is the likelier cause). Otherwise the step holds only the
+        first suspect group's requests; a group none of whose requests is scheduled now
+        (finished, preempted, still waiting) is dropped: a step that fails later holding them
+        is searched anew.
         """
-        retries = self.config.max_step_retries
-        last_tries = [
-            c for c in scheduled.chunks if retries > 0 and c.request.step_failures >= retries
-        ]
-        if not last_tries or len(scheduled.chunks) == 1:
-            return scheduled
-        chunk = min(last_tries, key=lambda c: c.request.num_output_tokens)
-        return SchedulerOutput((chunk,), scheduled.preempted)
+        self._testing = None
+        retried = [c for c in scheduled.chunks if c.request.step_failures > 0]
+        if retried:
+            chunk = min(retried, key=lambda c: c.request.num_output_tokens)
+            return SchedulerOutput((chunk,), scheduled.preempted)
+        while self._suspects:
+            group = {id(request) for request in self._suspects[0]}
+            chunks = tuple(c for c in scheduled.chunks if id(c.request) in group)
+            if chunks:
+                self._testing = self._suspects[0]
+                return SchedulerOutput(chunks, scheduled.preempted)
+            self._suspects.popleft()
+        return scheduled
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """End a waiting or running request now (a stop, a stop string, an abort), freeing
