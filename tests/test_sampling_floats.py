@@ -211,3 +211,12 @@ def test_edge_values_run_to_the_tokens_asked_for(kwargs: dict[str, object]) -> N
         assert completion.token_ids[-1] == 0
     else:
         assert len(completion.token_ids) == 8
+
+
+@pytest.mark.spec("ENG-176")
+@pytest.mark.parametrize("top_k", [5.5, math.inf, math.nan, True])
+def test_top_k_takes_only_integers(top_k: object) -> None:
+    """Catches a float ``top_k`` accepted (``5.5`` or ``inf`` passes ``>= -1``) and then
+    used as a tensor index in the sampler."""
+    with pytest.raises(InvalidSamplingParams, match="^top_k"):
+        SamplingParams(top_k=top_k)  # type: ignore[arg-type]

@@ -113,7 +113,7 @@ def test_a_request_the_engine_fails_is_500_and_serving_goes_on() -> None:
         error = error_of(client.post("/v1/completions", json=BODY), 500)
         assert error["code"] == "request_failed"
         assert error["type"] == "server_error"
-        assert "3 steps running it failed" in error["message"]
+        assert "3 steps running it alone failed" in error["message"]
         assert "InjectedFault" in error["message"]
         assert_error_event(stream_events(client, BODY), "request_failed")
         assert wait_idle(bridge).pages_in_use == 0

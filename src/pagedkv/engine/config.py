@@ -25,9 +25,11 @@ class EngineConfig:
         max_model_len: most positions one sequence may reach (prompt + generated tokens).
         enable_prefix_caching: reuse cached full pages across requests.
         mode: ``v1`` (paged KV cache) or ``v0`` (recompute everything every step).
-        max_step_retries: times the requests of a step whose model run raised are scheduled
-            again before they fail with finish reason ``error``; the last try runs each of them
-            alone, so only a request that fails on its own is failed (ENG-071, ENG-072).
+        max_step_retries: times a request whose step raised while it ran alone is scheduled
+            again before it fails with finish reason ``error``; a failed step of several
+            requests counts against none of them (they run again in halves until the failure
+            is pinned on one request running alone), so only a request that fails on its own
+            is failed (ENG-071, ENG-072).
     """
 
     page_size: int = 16

@@ -154,6 +154,8 @@ class SamplingParams:
                 f"temperature must be at most {FLOAT32_MAX:.8g} (float32's largest; the sampler "
                 f"divides logits by it in float32), got {self.temperature}"
             )
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise InvalidSamplingParams(f"top_k must be an integer, got {self.top_k!r}")
         if self.top_k < -1:
             raise InvalidSamplingParams(f"top_k must be -1, 0 or positive, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

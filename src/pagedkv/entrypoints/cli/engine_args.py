@@ -102,8 +102,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=2,
         metavar="N",
-        help="times the requests of a step whose model run failed are run again, the last "
-        "time each alone, before they fail (default 2)",
+        help="times a request whose step failed with it running alone is run again before it "
+        "fails; a failed step of several requests counts against none of them, its requests "
+        "being run again in halves to find the cause (default 2)",
     )
 
 
