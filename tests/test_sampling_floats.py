@@ -218,5 +218,5 @@ def test_edge_values_run_to_the_tokens_asked_for(kwargs: dict[str, object]) -> N
 def test_top_k_takes_only_integers(top_k: object) -> None:
     """Catches a float ``top_k`` accepted (``5.5`` or ``inf`` passes ``>= -1``) and then
     used as a tensor index in the sampler."""
-    with pytest.raises(InvalidSamplingParams, match="^top_k"):
+    with pytest.raises(InvalidSamplingParams, match=r"^top_k"):
         SamplingParams(top_k=top_k)  # type: ignore[arg-type]
