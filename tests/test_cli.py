@@ -250,7 +250,7 @@ def test_a_failed_prompt_is_reported_and_exits_1(
     out, err = capsys.readouterr()
     assert status == 1
     (line,) = err.strip().splitlines()
-    assert line.startswith("pagedkv generate: prompt 1 failed: 3 steps running it failed")
+    assert line.startswith("pagedkv generate: prompt 1 failed: 3 steps running it alone failed")
     assert "InjectedFault" in line
     if mode == "--json":
         first, second = (json.loads(x) for x in out.splitlines())
