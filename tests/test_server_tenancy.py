@@ -254,3 +254,31 @@ def test_serve_help_documents_the_metrics_key() -> None:
     text = subparsers.choices["serve"].format_help()
     for needle in ("--metrics-api-key", "PAGEDKV_METRICS_API_KEY", "--shared-prefix-cache"):
         assert needle in text
+
+
+@pytest.mark.spec("SRV-073", "SRV-074")
+def test_serve_flags_reach_the_server_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a flag parsed and dropped: ``--shared-prefix-cache`` and ``--metrics-api-key``
+    (or ``$PAGEDKV_METRICS_API_KEY``) reach the app's config, and several keys without either
+    flag salt per key."""
+    from pagedkv.entrypoints.cli.main import build_parser
+    from pagedkv.entrypoints.cli.serve import build_server_config
+
+    monkeypatch.delenv("PAGEDKV_API_KEY", raising=False)
+    monkeypatch.delenv("PAGEDKV_METRICS_API_KEY", raising=False)
+    parser = build_parser()
+    keys = ["serve", "--api-key", KEY_A, "--api-key", KEY_B]
+    default = build_server_config(parser.parse_args(keys))
+    assert default.tenant_per_key
+    assert default.metrics_api_key is None
+    given = parser.parse_args([*keys, "--shared-prefix-cache", "--metrics-api-key", METRICS_KEY])
+    config = build_server_config(given)
+    assert config.shared_prefix_cache
+    assert not config.tenant_per_key
+    assert config.metrics_api_key == METRICS_KEY
+    monkeypatch.setenv("PAGEDKV_METRICS_API_KEY", "from-the-environment")
+    assert build_server_config(parser.parse_args(keys)).metrics_api_key == "from-the-environment"
+    with pytest.raises(InvalidRequest, match="--cache-salt-per-api-key"):
+        build_server_config(
+            parser.parse_args([*keys, "--shared-prefix-cache", "--cache-salt-per-api-key"])
+        )

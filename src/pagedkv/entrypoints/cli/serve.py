@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.entrypoints.cli.engine_args import (
     add_engine_flags,
@@ -24,6 +24,9 @@ from pagedkv.entrypoints.server.admission import (
 )
 from pagedkv.entrypoints.server.reasoning import REASONING_PARSERS
 from pagedkv.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from pagedkv.entrypoints.server.app import ServerConfig
 
 #: Defaults of the HTTP flags, as in ``pagedkv.entrypoints.server.app`` and
 #: ``pagedkv.entrypoints.server.http`` (which import FastAPI and uvicorn: only loaded when
@@ -210,19 +213,22 @@ def _add_auth_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Load the model and serve until interrupted; returns the exit status."""
-    from pagedkv.assets import DEFAULT_MODEL_NAME
-    from pagedkv.entrypoints.server.app import ServerConfig, create_app
-    from pagedkv.entrypoints.server.http import HTTPOptions, Server
+def build_server_config(args: argparse.Namespace) -> ServerConfig:
+    """The app's admission, authentication and logging settings from ``serve``'s flags (and
+    ``$PAGEDKV_API_KEY``, ``$PAGEDKV_METRICS_API_KEY`` where their flags are not given).
 
-    if args.max_body_bytes < 1:
-        raise InvalidRequest(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    Raises:
+        InvalidRequest: contradicting or empty tenant settings (``ServerConfig``'s checks).
+    """
+    from pagedkv.entrypoints.server.app import ServerConfig
+
     api_keys = tuple(args.api_key or ())
     if not api_keys and os.environ.get(API_KEY_ENV):
         api_keys = (os.environ[API_KEY_ENV],)
-    metrics_key = args.metrics_api_key or os.environ.get(METRICS_KEY_ENV) or None
-    server_config = ServerConfig(
+    metrics_key = args.metrics_api_key
+    if metrics_key is None:
+        metrics_key = os.environ.get(METRICS_KEY_ENV) or None
+    return ServerConfig(
         limits=AdmissionLimits(
             max_prompts_per_request=args.max_prompts_per_request,
             max_waiting_requests=args.max_waiting_requests,
@@ -236,6 +242,17 @@ def run(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
         close_engine=True,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model and serve until interrupted; returns the exit status."""
+    from pagedkv.assets import DEFAULT_MODEL_NAME
+    from pagedkv.entrypoints.server.app import create_app
+    from pagedkv.entrypoints.server.http import HTTPOptions, Server
+
+    if args.max_body_bytes < 1:
+        raise InvalidRequest(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    server_config = build_server_config(args)
     options = HTTPOptions(
         host=args.host,
         port=args.port,
