@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pagedkv.backend import reference_backend
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.outputs import FinishReason
+from pagedkv.engine.outputs import FinishReason, RequestOutput
 from pagedkv.engine.params import (
     FLOAT32_MAX,
     FLOAT32_TINY,
@@ -174,30 +174,13 @@ def test_every_float_edge_is_refused_or_samples_a_kept_token(
             assert float(probs[result.token_id]) > 0.0
 
 
-@pytest.mark.spec("ENG-178")
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"top_p": 5e-324},
-        {"top_p": 1e-45},
-        {"repetition_penalty": FLOAT32_TINY},
-        {"repetition_penalty": FLOAT32_MAX},
-        {"temperature": FLOAT32_MAX},
-        {"temperature": 1e-5, "repetition_penalty": FLOAT32_TINY},
-        {"min_p": 5e-324},
-        {"presence_penalty": 5e-324, "frequency_penalty": -5e-324},
-    ],
-)
-def test_edge_values_run_to_the_tokens_asked_for(kwargs: dict[str, object]) -> None:
-    """Catches the engine-level symptom: a run that ends after one token with finish reason
-    ``stop`` although the model never chose a stop token. With EOS being token 0 and
-    ``ignore_eos`` off, every run here produces all its ``max_tokens``, unless EOS is drawn
-    (which a hash model's uniform-ish rows make rare, and then the output holds it)."""
+def _final(params: SamplingParams) -> RequestOutput:
+    """The final output of one request with ``params`` on the hash stand-in model, EOS being
+    token 0."""
     config = EngineConfig(page_size=4, num_pages=32)
     engine = reference_backend().create_engine(
         HashRunner(VOCAB, config.num_pages, config.page_size), config, eos_ids=frozenset({0})
     )
-    params = SamplingParams(max_tokens=8, seed=5, **kwargs)  # type: ignore[arg-type]
     request_id = engine.add_request([9, 8, 7, 6, 5], params)
     final = None
     while engine.has_unfinished_requests():
@@ -205,12 +188,38 @@ def test_edge_values_run_to_the_tokens_asked_for(kwargs: dict[str, object]) -> N
             if output.request_id == request_id and output.finished:
                 final = output
     assert final is not None
-    (completion,) = final.outputs
-    assert completion.token_ids, "an empty output"
-    if completion.finish_reason == FinishReason.STOP.value:
-        assert completion.token_ids[-1] == 0
-    else:
-        assert len(completion.token_ids) == 8
+    return final
+
+
+@pytest.mark.spec("ENG-178")
+@pytest.mark.parametrize("field", [*FLOAT_FIELDS, "logit_bias"])
+def test_every_float_edge_is_refused_or_runs_to_the_tokens_asked_for(field: str) -> None:
+    """Catches the engine-level symptom, over every edge value of the field (at temperature
+    1, and greedy where the field is not the temperature): a run that ends after one token
+    with finish reason ``stop`` although the model never chose a stop token, or with an
+    error. Each value is refused naming the field, or its run produces all its ``max_tokens``
+    or stops on EOS, which its output then holds."""
+    temperatures = [None] if field == "temperature" else [1.0, 0.0]
+    for value in EDGES:
+        for temperature in temperatures:
+            others: dict[str, object] = {"max_tokens": 8, "seed": 5}
+            if temperature is not None:
+                others["temperature"] = temperature
+            refused: InvalidSamplingParams | None = None
+            try:
+                params = _params(field, value, **others)
+            except InvalidSamplingParams as exc:
+                refused = exc
+            if refused is not None:
+                assert str(refused).startswith(field), (value, refused)
+                continue
+            (completion,) = _final(params).outputs
+            assert completion.token_ids, (field, value, "an empty output")
+            if completion.finish_reason == FinishReason.STOP.value:
+                assert completion.token_ids[-1] == 0, (field, value)
+            else:
+                assert completion.finish_reason == FinishReason.LENGTH.value, (field, value)
+                assert len(completion.token_ids) == 8, (field, value)
 
 
 @pytest.mark.spec("ENG-176")
