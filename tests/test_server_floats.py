@@ -97,3 +97,19 @@ def test_values_vllm_takes_are_served(server: Running, fields: dict[str, float])
         greedy = {"prompt": "def f(x):", "max_tokens": 4, "ignore_eos": True, "temperature": 0}
         expected = post_json(f"{server.url}/v1/completions", greedy).json()["choices"][0]["text"]
         assert choice["text"] == expected
+
+
+@pytest.mark.spec("SRV-105")
+def test_a_logit_bias_past_100_is_clamped_as_vllm_does(server: Running) -> None:
+    """Catches a bias of 150 refused (vLLM's server clamps it to 100 and serves it): the
+    output equals that of a bias of 100, and a bias of -1e308 that of -100."""
+    url = f"{server.url}/v1/completions"
+    base = {"prompt": "def f(x):", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    greedy = post_json(url, base).json()["choices"][0]["text"]
+    for far, near in ((150.0, 100.0), (-1e308, -100.0)):
+        token = "5" if far > 0 else "0"
+        answers = [post_json(url, {**base, "logit_bias": {token: bias}}) for bias in (far, near)]
+        assert all(a.status_code == 200 for a in answers), answers[0].text
+        texts = [a.json()["choices"][0]["text"] for a in answers]
+        assert texts[0] == texts[1]
+    assert greedy  # the base request is served too

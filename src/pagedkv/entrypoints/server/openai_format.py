@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from pagedkv.engine.generation_config import GenerationDefaults
 from pagedkv.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
-from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
+from pagedkv.engine.params import MAX_LOGIT_BIAS, InvalidSamplingParams, SamplingParams
 from pagedkv.entrypoints.server.async_engine import PromptInput
 from pagedkv.entrypoints.server.protocol import (
     AssistantMessage,
@@ -24,7 +24,9 @@ from pagedkv.entrypoints.server.reasoning import ReasoningParser
 
 
 def logit_bias(bias: Mapping[str, float] | None) -> dict[int, float]:
-    """OpenAI's ``logit_bias`` (token ids as strings) as token ids.
+    """OpenAI's ``logit_bias`` (token ids as strings) as token ids, each bias clamped to
+    ``[-100, 100]`` as vLLM's server does, so a vLLM client's request is not refused here
+    (SRV-105; the body's schema has refused non-finite values already).
 
     Raises:
         InvalidSamplingParams: a key that is not a token id.
@@ -32,7 +34,7 @@ def logit_bias(bias: Mapping[str, float] | None) -> dict[int, float]:
     out: dict[int, float] = {}
     for key, value in (bias or {}).items():
         try:
-            out[int(key)] = value
+            out[int(key)] = min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, value))
         except ValueError:
             raise InvalidSamplingParams(f"logit_bias keys must be token ids, got {key!r}") from None
     return out

@@ -54,7 +54,8 @@ class SamplingFields(_Request):
     Attributes:
         model: the served model's name; absent means the served model.
         seed: in ``[0, MAX_SEED]``, what ``torch.Generator`` takes.
-        logit_bias: token id (as a string, as OpenAI sends it) to a bias in ``[-100, 100]``.
+        logit_bias: token id (as a string, as OpenAI sends it) to a bias; a finite bias
+            outside ``[-100, 100]`` is clamped to it, as vLLM's server does (SRV-105).
         cache_salt: a prefix-cache namespace: KV pages are shared only between requests with
             the same salt (and, under per-key salting, the same API key). Use a long random
             secret per user or group that may see each other's prompts.
