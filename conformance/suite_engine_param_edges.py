@@ -6,13 +6,20 @@ Subclass :class:`EngineParamsEdgeSuite` to run these against an engine of yours.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pytest
 import torch
 
 from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.params import SamplingParams
+from pagedkv.engine.params import (
+    FLOAT32_MAX,
+    FLOAT32_TINY,
+    FLOAT_FIELDS,
+    InvalidSamplingParams,
+    SamplingParams,
+)
 from pagedkv.interfaces import Backend, EngineBackend
 from pagedkv.plan import StepPlan
 from pagedkv.testing.hash_runner import HashRunner
@@ -20,6 +27,45 @@ from pagedkv.testing.hash_runner import HashRunner
 from .engine_harness import VOCAB, build_engine, solo_greedy
 
 PROMPT = [5, 17, 29, 3, 41, 8, 13, 2, 77]
+#: Float edge values every float sampling field is tried with (ENG-178): zeros, subnormals,
+#: the extremes of float64 and float32, infinities, NaN and ordinary values either side of
+#: each field's range.
+FLOAT_EDGES = (
+    0.0,
+    -0.0,
+    5e-324,
+    -5e-324,
+    1e-310,
+    1e-45,
+    1e-40,
+    FLOAT32_TINY,
+    1e-308,
+    -1e-308,
+    1e-10,
+    0.5,
+    1.0,
+    2.0,
+    -2.0,
+    100.0,
+    -100.0,
+    FLOAT32_MAX,
+    1e39,
+    1e308,
+    -1e308,
+    math.inf,
+    -math.inf,
+    math.nan,
+)
+#: Tokens each edge run asks for.
+EDGE_TOKENS = 6
+
+
+def edge_params(field: str, value: float, **others: object) -> SamplingParams:
+    """``SamplingParams`` with ``field`` (a float field, or one ``logit_bias`` value) set to
+    ``value``; raises ``InvalidSamplingParams`` where the value is refused."""
+    if field == "logit_bias":
+        return SamplingParams(logit_bias={3: value}, **others)  # type: ignore[arg-type]
+    return SamplingParams(**{field: value}, **others)  # type: ignore[arg-type]
 
 
 def samples(
@@ -112,3 +158,36 @@ class EngineParamsEdgeSuite:
         assert got.error is None
         assert got.outputs[0].token_ids == want.outputs[0].token_ids
         assert got.outputs[0].finish_reason == want.outputs[0].finish_reason
+
+    @pytest.mark.spec("ENG-178")
+    @pytest.mark.parametrize("field", [*FLOAT_FIELDS, "logit_bias"])
+    def test_every_float_edge_is_refused_or_runs_to_its_tokens(
+        self, backend: Backend, field: str
+    ) -> None:
+        """Every edge value of the field, at temperature 1 (and greedy where the field is
+        not the temperature), seeded: refused naming the field, or run on the backend's engine
+        to all its tokens (the hash model has no EOS here), never a short or empty output; a
+        ``top_p`` below float32's smallest normal number keeps exactly the top token, so its
+        run is the greedy one. Fails an engine that reads such a ``top_p`` as no filter, or
+        whose sampler draws from an emptied distribution."""
+        temperatures: list[float | None] = [None] if field == "temperature" else [1.0, 0.0]
+        for value in FLOAT_EDGES:
+            for temperature in temperatures:
+                others: dict[str, object] = {"max_tokens": EDGE_TOKENS, "seed": 5}
+                if temperature is not None:
+                    others["temperature"] = temperature
+                refused: InvalidSamplingParams | None = None
+                try:
+                    params = edge_params(field, value, **others)
+                except InvalidSamplingParams as exc:
+                    refused = exc
+                if refused is not None:
+                    assert str(refused).startswith(field), (value, refused)
+                    continue
+                (out,) = build_engine(backend).run([PROMPT], params)
+                (completion,) = out.outputs
+                tokens = list(completion.token_ids)
+                assert len(tokens) == EDGE_TOKENS, (field, value, temperature, tokens)
+                assert completion.finish_reason == "length", (field, value, temperature)
+                if field == "top_p" and 0 < value < FLOAT32_TINY:
+                    assert tokens == solo_greedy(PROMPT, EDGE_TOKENS), (value, temperature)

@@ -43,7 +43,7 @@ from mutants.store import WrappedMetadata, _OwnAttention, _Wrapper
 
 from pagedkv.backend import ReferenceBackend
 from pagedkv.engine.outputs import RequestOutput
-from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
+from pagedkv.engine.params import FLOAT32_TINY, InvalidSamplingParams, SamplingParams
 from pagedkv.engine.prompts import PromptType
 from pagedkv.interfaces import (
     Allocation,
@@ -330,6 +330,24 @@ def engine_tiny_temperatures_divided() -> MutantBackend:
         "mutant: tiny temperatures divide the logits",
         capabilities=ALL_CAPABILITIES,
         adjust=tiny_temperatures_divided,
+    )
+
+
+class TinyTopPUnfiltered(_EngineWrapper):
+    """Reads a ``top_p`` below float32's smallest normal number, 0 once in float32, as no
+    filter at all, instead of keeping the top token (ENG-177, ENG-178)."""
+
+    def params(self, params: SamplingParams | None) -> SamplingParams | None:
+        if params is None or not 0 < params.top_p < FLOAT32_TINY:
+            return params
+        return dataclasses.replace(params, top_p=1.0)
+
+
+def engine_tiny_top_p_unfiltered() -> MutantBackend:
+    return MutantBackend(
+        "mutant: a top_p that underflows float32 filters nothing",
+        capabilities=ALL_CAPABILITIES,
+        engine=TinyTopPUnfiltered,
     )
 
 
@@ -822,6 +840,13 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
             "test_engine_param_edges::TestEngineParamsEdges::"
             f"test_a_temperature_below_the_epsilon_is_greedy[{t}]"
             for t in ("1e-40", "5e-324")
+        ),
+    ),
+    "engine_tiny_top_p_unfiltered": PressureMutant(
+        engine_tiny_top_p_unfiltered,
+        (
+            "test_engine_param_edges::TestEngineParamsEdges::"
+            "test_every_float_edge_is_refused_or_runs_to_its_tokens[top_p]",
         ),
     ),
     "engine_presence_penalty_ignored": PressureMutant(
