@@ -9,6 +9,7 @@ from typing import Any
 
 from pagedkv.engine.chat_template import check_template_kwargs
 from pagedkv.engine.detokenizer import DecodeStep, DecodeStreamDecoder, WindowDecoder
+from pagedkv.engine.text_bound import bytes_per_token_of
 from pagedkv.errors import CheckpointError, InvalidRequest
 
 #: A chat message as OpenAI clients send it: ``{"role": ..., "content": ...}``.
@@ -65,6 +66,13 @@ class Tokenizer:
         the template does not read, or one the renderer sets itself, raises
         :class:`InvalidRequest` naming it.
         """
+        return self.encode(self.render_chat_template(messages, template_kwargs))
+
+    def render_chat_template(
+        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+    ) -> str:
+        """The text of a chat prompt ending with the assistant's turn opened: what
+        :meth:`apply_chat_template` encodes (see there)."""
         if not self.has_chat_template:
             raise InvalidRequest("this model's tokenizer has no chat template")
         kwargs = dict(template_kwargs or {})
@@ -75,7 +83,16 @@ class Tokenizer:
         text = self._tok.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=True, **kwargs
         )
-        return self.encode(str(text))
+        return str(text)
+
+    def bytes_per_token(self) -> int | None:
+        """The most UTF-8 bytes of text one token can stand for (normalization counted), or
+        ``None`` when the tokenizer's definition proves no bound (see
+        :mod:`pagedkv.engine.text_bound`). Reads the whole vocabulary: call it once."""
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        if backend is None:  # a slow tokenizer: no tokenizer.json to read
+            return None
+        return bytes_per_token_of(backend.to_str())
 
     def token_id(self, text: str) -> int | None:
         """The id of the single vocabulary token spelled ``text``, or ``None``."""

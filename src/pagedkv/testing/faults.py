@@ -261,6 +261,14 @@ class FaultyTokenizer(Tokenizer):
     ) -> list[int]:
         return self._inner.apply_chat_template(messages, template_kwargs)
 
+    def render_chat_template(
+        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+    ) -> str:
+        return self._inner.render_chat_template(messages, template_kwargs)
+
+    def bytes_per_token(self) -> int | None:
+        return self._inner.bytes_per_token()
+
     def token_id(self, text: str) -> int | None:
         return self._inner.token_id(text)
 
@@ -298,6 +306,15 @@ class IdTokenizer(Tokenizer):
         self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
     ) -> list[int]:
         raise InvalidRequest("this tokenizer has no chat template")
+
+    def render_chat_template(
+        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+    ) -> str:
+        raise InvalidRequest("this tokenizer has no chat template")
+
+    def bytes_per_token(self) -> int | None:
+        """None: a word of digits is one token, of any length."""
+        return None
 
     def token_id(self, text: str) -> int | None:
         ids = self.encode(text)

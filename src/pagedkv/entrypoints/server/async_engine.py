@@ -1,10 +1,14 @@
 """An asyncio front for a synchronous :class:`~pagedkv.interfaces.Engine`.
 
-One background thread owns the engine: it alone tokenizes, adds, steps and aborts, so the
-engine needs no locks. Request handlers submit work through a thread-safe command queue and
-receive each request's outputs on their own ``asyncio.Queue``, filled from the engine thread
-with ``loop.call_soon_threadsafe``. The thread steps while any request is unfinished and
-sleeps on the command queue otherwise.
+One background thread owns the engine: it alone adds, steps and aborts, so the engine needs
+no locks. Text is tokenized, rendered and decoded apart from it, on the text worker
+(:mod:`pagedkv.entrypoints.server.text_worker`, SRV-115): the engine thread receives token ids
+and sends ids back, so no request body, however big, holds up the steps of the others.
+
+Request handlers submit work through a thread-safe command queue and receive each request's
+outputs on their own ``asyncio.Queue``, filled from the engine thread with
+``loop.call_soon_threadsafe``. The thread steps while any request is unfinished and sleeps on
+the command queue otherwise.
 
 Admission (see :mod:`pagedkv.entrypoints.server.policy`) happens at both ends: the prompt
 count is checked when a request is submitted, the queue depth on the engine thread when it is
@@ -35,9 +39,14 @@ from typing import Any, TypeVar
 
 from pagedkv.engine.outputs import EngineStats, RequestOutput
 from pagedkv.engine.params import SamplingParams
-from pagedkv.engine.tokenizer import Message
 from pagedkv.entrypoints.server.deadlines import Deadlines
 from pagedkv.entrypoints.server.policy import Refused, ServerPolicy
+from pagedkv.entrypoints.server.text_worker import (
+    ChatPrompt,
+    PromptInput,
+    TextWorker,
+    logprob_token_ids,
+)
 from pagedkv.errors import InvalidRequest, PagedKVError, RunnerFailed
 from pagedkv.interfaces import Engine
 
@@ -67,17 +76,7 @@ class RequestFailed(PagedKVError):
     or serving its output failed. The rest of its submission was aborted."""
 
 
-@dataclass(frozen=True, slots=True)
-class ChatPrompt:
-    """A conversation, rendered through the tokenizer's chat template on the engine thread,
-    with further template variables (``chat_template_kwargs``)."""
-
-    messages: tuple[Message, ...]
-    template_kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict)
-
-
-#: What a request generates from: text, token ids, or a conversation.
-PromptInput = str | tuple[int, ...] | ChatPrompt
+__all__ = ["AsyncEngine", "ChatPrompt", "GenerationStream", "PromptInput", "StreamItem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +113,7 @@ class _Sink:
 @dataclass(frozen=True, slots=True)
 class _Submit:
     request_ids: tuple[str, ...]
-    prompts: tuple[PromptInput, ...]
+    prompts: tuple[tuple[int, ...], ...]  # token ids: tokenized by the text worker
     params: SamplingParams
     fill_context: bool
     token_texts: bool
@@ -131,7 +130,7 @@ class _Abort:
 
 @dataclass(frozen=True, slots=True)
 class _Call:
-    """Run ``function`` on the engine thread (which owns the tokenizer) and keep its result."""
+    """Run ``function`` on the engine thread and keep its result."""
 
     function: Callable[[], Any]
     result: concurrent.futures.Future[Any]
@@ -148,8 +147,6 @@ _Command = _Submit | _Abort | _Call | _Stop
 class _Route:
     sink: _Sink
     index: int
-    token_texts: bool
-    seen: bool = False  # an output was routed already (its prompt's token texts were sent)
 
 
 class GenerationStream:
@@ -160,11 +157,19 @@ class GenerationStream:
         bridge: AsyncEngine,
         request_ids: tuple[str, ...],
         items: asyncio.Queue[StreamItem | BaseException],
+        *,
+        token_texts: bool = False,
     ) -> None:
+        """Args:
+        token_texts: decode the token ids of each item's logprobs entries (and, with its
+            prompt's first item, of the prompt) on the text worker (see :class:`StreamItem`).
+        """
         self.request_ids = request_ids
         self._bridge = bridge
         self._items = items
         self._unfinished = set(request_ids)
+        self._token_texts = token_texts
+        self._seen: set[int] = set()  # prompt indices whose prompt token texts were given
 
     @property
     def finished(self) -> bool:
@@ -186,7 +191,24 @@ class GenerationStream:
                 raise item
             if item.output.finished:
                 self._unfinished.discard(item.output.request_id)
+            if self._token_texts:
+                item = await self._with_texts(item)
             yield item
+
+    async def _with_texts(self, item: StreamItem) -> StreamItem:
+        """``item`` with the texts of its logprobs' token ids, decoded on the text worker; a
+        failure fails this submission alone (SRV-024)."""
+        ids = logprob_token_ids(item.output, prompt=item.index not in self._seen)
+        try:
+            texts = await self._bridge.text.token_texts(ids)
+        except Exception as exc:  # this request's own output: it fails alone
+            logger.warning(
+                "request %s failed: serving its output failed: %r", item.output.request_id, exc
+            )
+            self.abort()
+            raise RequestFailed(f"the request failed: serving its output failed: {exc!r}") from exc
+        self._seen.add(item.index)
+        return dataclasses.replace(item, token_texts=texts)
 
     def abort(self) -> None:
         """End every unfinished prompt of the submission and free its pages. Idempotent."""
@@ -224,6 +246,8 @@ class AsyncEngine:
         self._admitting.set()
         self._deadlines = Deadlines()
         self._step_errors = 0
+        #: Tokenizes, renders and decodes apart from the engine thread (SRV-115).
+        self.text = TextWorker(engine.tokenizer, engine.max_model_len)
         self.policy = policy
         self.max_model_len = engine.max_model_len
         self.generation_defaults = engine.generation_defaults
@@ -255,6 +279,7 @@ class AsyncEngine:
             thread.join(SHUTDOWN_TIMEOUT_S)
         if thread is not None and not thread.is_alive():
             self._fail_pending()  # submitted while the thread was stopping
+        self.text.close()
 
     @property
     def is_running(self) -> bool:
@@ -303,6 +328,7 @@ class AsyncEngine:
         if isinstance(admitted, Refused):
             raise admitted.reason
         deadline = self.policy.deadline(time.monotonic())
+        token_ids = tuple([tuple(await self.text.tokenize(prompt)) for prompt in prompts])
         items: asyncio.Queue[StreamItem | BaseException] = asyncio.Queue()
         base = uuid.uuid4().hex
         request_ids = tuple(f"{base}-{i}" for i in range(len(prompts)))
@@ -310,7 +336,7 @@ class AsyncEngine:
         sink = _Sink(asyncio.get_running_loop(), items)
         command = _Submit(
             request_ids,
-            tuple(prompts),
+            token_ids,
             params,
             fill_context,
             token_texts,
@@ -320,7 +346,7 @@ class AsyncEngine:
             accepted,
         )
         self._commands.put(command)
-        stream = GenerationStream(self, request_ids, items)
+        stream = GenerationStream(self, request_ids, items, token_texts=token_texts)
         try:
             await asyncio.wrap_future(accepted)
         except asyncio.CancelledError:
@@ -334,8 +360,7 @@ class AsyncEngine:
         self._commands.put(_Abort(tuple(request_ids)))
 
     async def run_on_engine(self, function: Callable[[], T]) -> T:
-        """``function()`` run on the engine thread, between two steps: the way to use the
-        engine's tokenizer, which that thread owns.
+        """``function()`` run on the engine thread, between two steps.
 
         Raises:
             EngineUnavailable: the engine thread is not running.
@@ -348,21 +373,29 @@ class AsyncEngine:
         return await asyncio.wrap_future(result)
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:
-        """The token ids :meth:`submit` would give the engine for ``prompt``.
+        """The token ids :meth:`submit` would give the engine for ``prompt``, from the text
+        worker.
 
         Raises:
+            TextTooLong: the text cannot fit, whatever it encodes to (SRV-116).
             InvalidRequest: the model has no tokenizer (or chat template) for this prompt.
+            EngineUnavailable: the engine thread is not running.
         """
-        return await self.run_on_engine(lambda: self._tokenize(prompt))
+        if not self.is_running:
+            raise EngineUnavailable("the engine is not running")
+        return await self.text.tokenize(prompt)
 
     async def detokenize(self, token_ids: Sequence[int], *, each: bool = False) -> list[str]:
         """The text of ``token_ids`` (special tokens skipped): one string, or with ``each``
-        one per token.
+        one per token, from the text worker.
 
         Raises:
             InvalidRequest: the model has no tokenizer.
+            EngineUnavailable: the engine thread is not running.
         """
-        return await self.run_on_engine(lambda: self._detokenize(token_ids, each))
+        if not self.is_running:
+            raise EngineUnavailable("the engine is not running")
+        return await self.text.detokenize(token_ids, each=each)
 
     # -- the engine thread ------------------------------------------------------------------
 
@@ -427,7 +460,7 @@ class AsyncEngine:
             for index, (request_id, prompt) in enumerate(
                 zip(command.request_ids, command.prompts, strict=True)
             ):
-                token_ids = self._tokenize(prompt)
+                token_ids = list(prompt)
                 params = command.params
                 if command.fill_context:
                     left = max(1, self._engine.max_model_len - len(token_ids))
@@ -436,7 +469,7 @@ class AsyncEngine:
                     token_ids, params, request_id=request_id, cache_salt=command.cache_salt
                 )
                 added.append(request_id)
-                self._routes[request_id] = _Route(command.sink, index, command.token_texts)
+                self._routes[request_id] = _Route(command.sink, index)
         except Exception as exc:  # typed engine errors, or a tokenizer's own
             self._abort(added)
             command.accepted.set_exception(exc)
@@ -476,24 +509,6 @@ class AsyncEngine:
                 route.sink.put(self.policy.expired())
                 self._abort([request_id])
 
-    def _tokenize(self, prompt: PromptInput) -> list[int]:
-        tokenizer = self._engine.tokenizer
-        if isinstance(prompt, tuple):
-            return list(prompt)
-        if tokenizer is None:
-            raise InvalidRequest("this model has no tokenizer: send token ids")
-        if isinstance(prompt, ChatPrompt):
-            return tokenizer.apply_chat_template(prompt.messages, prompt.template_kwargs)
-        return tokenizer.encode(prompt)
-
-    def _detokenize(self, token_ids: Sequence[int], each: bool) -> list[str]:
-        tokenizer = self._engine.tokenizer
-        if tokenizer is None:
-            raise InvalidRequest("this model has no tokenizer")
-        if each:
-            return [tokenizer.decode([i]) for i in token_ids]
-        return [tokenizer.decode(token_ids)]
-
     def _abort(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
             self._routes.pop(request_id, None)
@@ -532,13 +547,7 @@ class AsyncEngine:
         if output.error is not None:  # one completion failed, and with it the request
             self._fail(output.request_id, route, output.error)
             return
-        try:
-            texts = self._token_texts(output, prompt=not route.seen) if route.token_texts else {}
-        except Exception as exc:  # this request's own output: it fails alone
-            self._fail(output.request_id, route, f"serving its output failed: {exc!r}")
-            return
-        route.seen = True
-        route.sink.put(StreamItem(route.index, output, texts))
+        route.sink.put(StreamItem(route.index, output, {}))  # texts: see GenerationStream
         if output.finished:
             del self._routes[output.request_id]
 
@@ -572,24 +581,3 @@ class AsyncEngine:
                 self._abort([request_id])
             except Exception:  # the engine may be inconsistent after a failed step
                 self._routes.pop(request_id, None)
-
-    def _token_texts(self, output: RequestOutput, *, prompt: bool) -> dict[int, str]:
-        """The text of every token id in the new logprobs entries of each completion (chosen
-        and top tokens), and with ``prompt`` of the prompt's tokens and their alternatives
-        (for ``echo`` and ``prompt_logprobs``)."""
-        ids: set[int] = set()
-        for completion in output.outputs:
-            if completion.logprobs is None or not completion.new_token_ids:
-                continue
-            for entry in completion.logprobs[-len(completion.new_token_ids) :]:
-                ids.add(entry.token_id)
-                ids.update(token for token, _ in entry.top)
-        if prompt:
-            ids.update(output.prompt_token_ids)
-            for prompt_entry in output.prompt_logprobs or ():
-                if prompt_entry is not None:
-                    ids.update(token for token, _ in prompt_entry.top)
-        tokenizer = self._engine.tokenizer
-        if tokenizer is None:
-            return {i: f"token_id:{i}" for i in ids}
-        return {i: tokenizer.decode([i]) for i in ids}

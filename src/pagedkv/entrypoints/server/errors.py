@@ -24,6 +24,7 @@ from pagedkv.entrypoints.server.policy import (
     Unauthenticated,
 )
 from pagedkv.entrypoints.server.protocol import ErrorInfo, ErrorResponse
+from pagedkv.entrypoints.server.text_worker import TextTooLong
 from pagedkv.errors import InvalidRequest, RequestTooLong
 
 E = TypeVar("E", bound=Exception)
@@ -72,6 +73,8 @@ class APIError(Exception):
 def invalid_request_error(exc: InvalidRequest) -> APIError:
     """The 400 error of a typed engine rejection; ``param`` names the field when known."""
     message = str(exc)
+    if isinstance(exc, TextTooLong):  # refused by its size, before it was tokenized (SRV-116)
+        return APIError(400, message, param=exc.param, code="context_length_exceeded")
     if isinstance(exc, RequestTooLong):
         return APIError(400, message, param="max_tokens", code="context_length_exceeded")
     if isinstance(exc, TooManyPrompts):

@@ -1,7 +1,8 @@
 """``/tokenize``, ``/detokenize`` and ``/version``, with vLLM's request and response bodies.
 
-Tokenization runs on the engine thread, through the same path as a generation request, so
-``/tokenize`` gives exactly the token ids (and count) that request would be charged.
+Tokenization runs on the text worker, apart from the engine thread (SRV-115), through the same
+path as a generation request, so ``/tokenize`` gives exactly the token ids (and count) that
+request would be charged, and refuses a text too long to fit just as it would be (SRV-116).
 """
 
 from __future__ import annotations

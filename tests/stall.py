@@ -1,0 +1,217 @@
+"""How long big request bodies can stall a running stream (SRV-115, ``make chaos``).
+
+One stream of the embedded model (its real byte-level BPE tokenizer) generates
+:data:`STREAM_TOKENS` tokens; its largest gap between two events is measured alone, then while
+:data:`BIG_BODIES` ``/tokenize`` bodies of :data:`BIG_CHARS` characters and one completion whose
+prompt has one character more arrive (each is tokenized or refused). A server that tokenizes on
+its engine thread stops every stream for the time those bodies take; one that tokenizes apart
+from it keeps the stream's pace.
+
+The figures are wall-clock times on a shared machine, so they are compared within one run: the
+stream alone and the stream under the bodies, on the same server, one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+
+from pagedkv.backend import reference_backend
+from pagedkv.engine.config import EngineConfig
+from pagedkv.entrypoints.server.app import ServerConfig, create_app
+from pagedkv.entrypoints.server.async_engine import AsyncEngine
+from pagedkv.entrypoints.server.http import HTTPOptions, Server
+
+MODEL = "stall"
+#: Tokens the measured stream generates.
+STREAM_TOKENS = 200
+#: Big bodies sent to ``/tokenize`` at once while the stream runs.
+BIG_BODIES = 3
+#: Characters of each big text: its JSON body stays under the server's 1 MiB limit.
+BIG_CHARS = 1_000_000
+#: Events of the stream before the big bodies are sent (the stream is well under way).
+EVENTS_BEFORE = 20
+#: Largest gap (seconds) accepted whatever the stream's gap alone: on a loaded shared machine
+#: a 15 ms gap is stretched past twice by the scheduler alone, while the stall this catches
+#: (tokenization on the engine thread) was 3-6 s.
+STALL_FLOOR_S = 0.5
+
+
+@dataclass(frozen=True)
+class StallReport:
+    """The stream's largest gaps between events (seconds) and what the big bodies got.
+
+    Attributes:
+        alone_s: largest gap of the stream alone.
+        loaded_s: largest gap of the stream while the big bodies arrived.
+        statuses: HTTP status of each big body (``/tokenize`` ones first, then the completion).
+        bodies_s: seconds from sending the first big body to the last one's answer.
+        bounded: the server refused texts by their size (SRV-116); without it, every body is
+            tokenized in full.
+    """
+
+    alone_s: float
+    loaded_s: float
+    statuses: tuple[int, ...]
+    bodies_s: float
+    bounded: bool = True
+
+    @property
+    def ratio(self) -> float:
+        return self.loaded_s / self.alone_s
+
+    @property
+    def ok(self) -> bool:
+        """The stream kept its pace: under twice its gap alone, or under the floor."""
+        return self.loaded_s < max(2 * self.alone_s, STALL_FLOOR_S)
+
+    def line(self) -> str:
+        return (
+            f"stall: a stream's largest gap between events {self.alone_s * 1000:.0f} ms alone, "
+            f"{self.loaded_s * 1000:.0f} ms ({self.ratio:.2f}x) while {BIG_BODIES} /tokenize "
+            f"bodies of {BIG_CHARS:,} characters and a completion of {BIG_CHARS + 1:,} arrived "
+            f"{'' if self.bounded else 'with no size bound, so all tokenized '}"
+            f"(answered {', '.join(map(str, self.statuses))} within {self.bodies_s:.2f} s)"
+        )
+
+
+def big_text(chars: int, seed: int = 0) -> str:
+    """``chars`` characters of Python-like source (what the default model's tokenizer knows),
+    varied so no cache of any kind makes it cheap."""
+    rng = random.Random(seed)
+    words = ["def", "return", "self", "value", "for", "in", "range", "if", "else", "x", "y"]
+    parts: list[str] = []
+    size = 0
+    while size < chars:
+        line = " ".join(rng.choice(words) for _ in range(rng.randint(2, 8)))
+        line = f"{line} {rng.randint(0, 10**6)}\n"
+        parts.append(line)
+        size += len(line)
+    return "".join(parts)[:chars]
+
+
+def stream_gaps(url: str, started: threading.Event | None = None) -> list[float]:
+    """The gaps (seconds) between the events of one streamed greedy completion of
+    :data:`STREAM_TOKENS` tokens; ``started`` is set after :data:`EVENTS_BEFORE` events."""
+    body = {
+        "model": MODEL,
+        "prompt": "def add(a, b):",
+        "max_tokens": STREAM_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    times: list[float] = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            times.append(time.perf_counter())
+            if started is not None and len(times) == EVENTS_BEFORE:
+                started.set()
+    return [b - a for a, b in itertools.pairwise(times[1:])]  # after the first token's step
+
+
+def big_bodies() -> list[tuple[str, bytes]]:
+    """``(path, JSON body)`` of the big requests, encoded once in advance."""
+    import json
+
+    bodies = [
+        ("/tokenize", json.dumps({"model": MODEL, "prompt": big_text(BIG_CHARS, seed)}).encode())
+        for seed in range(BIG_BODIES)
+    ]
+    long_prompt = big_text(BIG_CHARS + 1, seed=BIG_BODIES)
+    completion = {"model": MODEL, "prompt": long_prompt, "max_tokens": 1}
+    bodies.append(("/v1/completions", json.dumps(completion).encode()))
+    return bodies
+
+
+def measure(url: str, bounded: bool = True) -> StallReport:
+    """The stream alone, then the stream while the big bodies arrive (see the module);
+    ``bounded``: whether the server refuses texts by their size (reported only)."""
+    stream_gaps(url)  # warm-up: first steps of a fresh server are slower
+    alone = max(stream_gaps(url))
+    bodies = big_bodies()
+    started = threading.Event()
+    with ThreadPoolExecutor(len(bodies) + 1) as pool:
+        gaps = pool.submit(stream_gaps, url, started)
+        if not started.wait(60):
+            raise RuntimeError("the stream did not start")
+        begun = time.perf_counter()
+        headers = {"Content-Type": "application/json"}
+        answers = [
+            pool.submit(httpx.post, url + path, content=content, headers=headers, timeout=120)
+            for path, content in bodies
+        ]
+        statuses = tuple(a.result().status_code for a in answers)
+        bodies_s = time.perf_counter() - begun
+        loaded = max(gaps.result())
+    return StallReport(alone, loaded, statuses, bodies_s, bounded)
+
+
+@contextmanager
+def serving_default_model() -> Iterator[tuple[str, AsyncEngine]]:
+    """The app over the embedded model (its real tokenizer), on a free loopback port, and its
+    bridge to the engine."""
+    engine = reference_backend().load_engine(
+        None, EngineConfig(num_pages=256, page_size=16, max_model_len=1024)
+    )
+    app = create_app(engine, MODEL, config=ServerConfig(log_stats_interval_s=None))
+    server = Server(app, HTTPOptions(port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", app.state.server.engine
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def run_stall(rounds: int = 1, *, unbounded: bool = True) -> list[StallReport]:
+    """``rounds`` measurements with the size bound, then with ``unbounded`` as many with it
+    lifted (every body tokenized in full, to show the tokenization itself holds up no
+    stream)."""
+    reports = []
+    with serving_default_model() as (url, bridge):
+        for _ in range(rounds):
+            reports.append(measure(url))
+        if not unbounded:
+            return reports
+        bound = bridge.text.max_text_bytes
+        bridge.text.max_text_bytes = None
+        try:
+            for _ in range(rounds):
+                reports.append(measure(url, bounded=False))
+        finally:
+            bridge.text.max_text_bytes = bound
+    return reports
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=1, help="measurements of each kind")
+    args = parser.parse_args(argv)
+    for report in run_stall(args.rounds):
+        print(report.line(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
