@@ -355,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disconnect-every", type=int, default=defaults.disconnect_every)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--engine-requests", type=int, default=600)
+    parser.add_argument(
+        "--stall-rounds", type=int, default=1, help="big-body stall measurements (SRV-117)"
+    )
     args = parser.parse_args(argv)
     engine = EngineConfig(
         page_size=4,
@@ -386,7 +389,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine_report = run_engine_chaos(args.engine_requests, config.fault_rate, config.seed)
     print("\n".join(engine_report.lines()))
-    ok = report.ok and engine_report.ok
+    from stall import run_stall  # the embedded model's server, loaded only when measured
+
+    stalls = run_stall(args.stall_rounds) if args.stall_rounds > 0 else []
+    for stall in stalls:
+        print(stall.line())
+    ok = report.ok and engine_report.ok and all(s.ok for s in stalls if s.bounded)
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 

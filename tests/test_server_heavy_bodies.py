@@ -167,7 +167,7 @@ def test_a_stream_keeps_its_pace_while_big_bodies_arrive() -> None:
     and a completion of 1,000,001 sent while a 200-token stream runs. With tokenization on the
     engine thread the stream's largest gap was 3-6 s; here it must stay under twice its gap
     alone, or under ``stall.STALL_FLOOR_S`` (a loaded shared machine stretches a 15 ms gap by
-    more than 2x on its own; the floor is still a sixth of the stall this catches)."""
+    more than 2x on its own; the floor is still under half the stall this catches)."""
     from stall import run_stall
 
     (report,) = run_stall(rounds=1, unbounded=False)

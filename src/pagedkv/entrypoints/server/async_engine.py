@@ -300,7 +300,8 @@ class AsyncEngine:
         token_texts: bool = False,
         cache_salt: str | None = None,
     ) -> GenerationStream:
-        """Queue one request per prompt, all or none.
+        """Tokenize the prompts on the text worker, then queue one request per prompt, all or
+        none.
 
         Args:
             prompts: at least one prompt, as many as the policy admits in one request.
@@ -312,8 +313,9 @@ class AsyncEngine:
                 between requests with the same salt.
 
         Raises:
-            InvalidRequest: a prompt is invalid or can never fit (``RequestTooLong``), or there
-                are too many (``TooManyPrompts``); nothing was queued.
+            InvalidRequest: a prompt is invalid or can never fit (``RequestTooLong``; a text
+                too long by its size alone, ``TextTooLong``), or there are too many
+                (``TooManyPrompts``); nothing was queued.
             QueueFull: the engine's waiting queue has no room for them now.
             EngineUnavailable: the engine thread is not running, or the server is shutting
                 down.
@@ -329,6 +331,8 @@ class AsyncEngine:
             raise admitted.reason
         deadline = self.policy.deadline(time.monotonic())
         token_ids = tuple([tuple(await self.text.tokenize(prompt)) for prompt in prompts])
+        if not self.is_admitting:  # it stopped while the text worker ran
+            raise EngineUnavailable("the server is shutting down")
         items: asyncio.Queue[StreamItem | BaseException] = asyncio.Queue()
         base = uuid.uuid4().hex
         request_ids = tuple(f"{base}-{i}" for i in range(len(prompts)))
