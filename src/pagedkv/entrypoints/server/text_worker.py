@@ -72,7 +72,7 @@ class TextWorker:
         """
         self._tokenizer = tokenizer
         per_token = None if tokenizer is None else tokenizer.bytes_per_token()
-        self._bytes_per_token = per_token or 1
+        self._max_model_len = max_model_len
         #: Most UTF-8 bytes of a prompt text that might fit; ``None``: no bound is known.
         self.max_text_bytes = None if per_token is None else max_model_len * per_token
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedkv-text")
@@ -102,7 +102,7 @@ class TextWorker:
         if size > bound:
             raise TextTooLong(
                 f"{param} has {size} bytes of text: more than the {bound} bytes of any prompt "
-                f"that fits the model's {bound // self._bytes_per_token} positions",
+                f"that fits the model's {self._max_model_len} positions",
                 param,
             )
 
