@@ -44,7 +44,8 @@ EVENTS_BEFORE = 20
 #: Largest gap (seconds) accepted whatever the stream's gap alone. On a shared 2-core machine
 #: the scheduler alone stretches a 15 ms gap past twice: at a load average of 16 the stream
 #: gapped 130 ms alone and 713 ms while the four bodies were refused. The stall this catches,
-#: tokenization on the engine thread, was 3.4-5.9 s at a load of 5.
+#: tokenization on the engine thread, was 3.4-12 s (12 s at a load of 12-17). Refusing the four
+#: bodies takes the event loop about 4 ms of CPU each (receiving and parsing 1 MB of JSON).
 STALL_FLOOR_S = 1.5
 
 
