@@ -102,11 +102,14 @@ class ServerClient:
             raise ServerUnreachable(f"POST {self.base_url}{path} (stream): {exc}") from exc
 
     def post_and_leave(self, path: str, body: dict[str, Any], after_s: float) -> bool:
-        """POST ``body`` and go away ``after_s`` seconds later if no answer came (a client
-        that gives up on a non-streamed response); ``True`` if it left before the answer."""
+        """POST ``body`` and go away if no answer came ``after_s`` seconds after it was sent (a
+        client that gives up on a non-streamed response); ``True`` if it left before the
+        answer. Connecting and sending have the client's whole timeout, so a request that
+        never reached the server does not count as left."""
+        timeout = httpx.Timeout(self.timeout_s, read=after_s)  # only the wait for the answer
         try:
-            httpx.post(f"{self.base_url}{path}", json=body, timeout=after_s)
-        except httpx.TimeoutException:
+            httpx.post(f"{self.base_url}{path}", json=body, timeout=timeout)
+        except httpx.ReadTimeout:
             return True
         except httpx.HTTPError as exc:
             raise ServerUnreachable(f"POST {self.base_url}{path}: {exc}") from exc
