@@ -1,6 +1,7 @@
 """Float sampling fields mean what they say in float32, the dtype the sampler computes in
 (ENG-176..178): non-finite values and values float32 cannot hold are refused naming the field,
-and every accepted value samples a token the filtered distribution holds."""
+and every accepted value samples a token the filtered distribution holds. The engine-level run
+over every edge value is the suite's (``pagedkv_conformance.suite_engine_param_edges``)."""
 
 from __future__ import annotations
 
@@ -11,54 +12,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedkv.backend import reference_backend
-from pagedkv.engine.config import EngineConfig
-from pagedkv.engine.outputs import FinishReason, RequestOutput
 from pagedkv.engine.params import (
-    FLOAT32_MAX,
     FLOAT32_TINY,
     FLOAT_FIELDS,
     InvalidSamplingParams,
     SamplingParams,
 )
 from pagedkv.engine.sampler import SampleRow, filtered_probs, processed_logits, sample_rows
-from pagedkv.testing.hash_runner import HashRunner
+from pagedkv_conformance.suite_engine_param_edges import FLOAT_EDGES, edge_params
 
-#: The float edge values of the property test: zeros, subnormals, the extremes of float64 and
-#: float32, infinities and NaN, and ordinary values either side of each field's range.
-EDGES = (
-    0.0,
-    -0.0,
-    5e-324,
-    -5e-324,
-    1e-310,
-    1e-45,
-    1e-40,
-    FLOAT32_TINY,
-    1e-308,
-    -1e-308,
-    1e-10,
-    0.5,
-    1.0,
-    2.0,
-    -2.0,
-    100.0,
-    -100.0,
-    FLOAT32_MAX,
-    1e39,
-    1e308,
-    -1e308,
-    math.inf,
-    -math.inf,
-    math.nan,
-)
 VOCAB = 64
-
-
-def _params(field: str, value: float, **others: object) -> SamplingParams:
-    if field == "logit_bias":
-        return SamplingParams(logit_bias={3: value}, **others)  # type: ignore[arg-type]
-    return SamplingParams(**{field: value}, **others)  # type: ignore[arg-type]
 
 
 @pytest.mark.spec("ENG-176")
@@ -69,7 +32,7 @@ def test_non_finite_values_are_refused_naming_the_field(field: str, value: float
     Infinity`` was accepted) or one that NaN slips past; the message must start with the
     field's name, which the server answers as ``param``."""
     with pytest.raises(InvalidSamplingParams) as caught:
-        _params(field, value)
+        edge_params(field, value)
     assert str(caught.value).startswith(field)
 
 
@@ -113,7 +76,7 @@ def test_values_float32_cannot_hold_are_refused(field: str, value: float) -> Non
     0 in float32, where the sampler divides by it and the reply was one empty token with
     finish reason ``stop``."""
     with pytest.raises(InvalidSamplingParams) as caught:
-        _params(field, value)
+        edge_params(field, value)
     assert str(caught.value).startswith(field)
 
 
@@ -142,7 +105,7 @@ def _rows(params: SamplingParams) -> list[SampleRow]:
 @settings(max_examples=300, deadline=None)
 @given(
     field=st.sampled_from([*FLOAT_FIELDS, "logit_bias"]),
-    value=st.sampled_from(EDGES) | st.floats(allow_nan=True, allow_infinity=True),
+    value=st.sampled_from(FLOAT_EDGES) | st.floats(allow_nan=True, allow_infinity=True),
     temperature=st.sampled_from([0.0, 0.5, 1.0, 1e-4, 1e30]),
     scale=st.sampled_from([1.0, 30.0, 1e4]),
 )
@@ -156,7 +119,7 @@ def test_every_float_edge_is_refused_or_samples_a_kept_token(
     others: dict[str, object] = {} if field == "temperature" else {"temperature": temperature}
     refused: InvalidSamplingParams | None = None
     try:
-        params = _params(field, value, **others)
+        params = edge_params(field, value, **others)
     except InvalidSamplingParams as exc:
         refused = exc
     if refused is not None:
@@ -172,54 +135,6 @@ def test_every_float_edge_is_refused_or_samples_a_kept_token(
             probs = filtered_probs(processed, params)
             assert bool(torch.isfinite(probs).all())
             assert float(probs[result.token_id]) > 0.0
-
-
-def _final(params: SamplingParams) -> RequestOutput:
-    """The final output of one request with ``params`` on the hash stand-in model, EOS being
-    token 0."""
-    config = EngineConfig(page_size=4, num_pages=32)
-    engine = reference_backend().create_engine(
-        HashRunner(VOCAB, config.num_pages, config.page_size), config, eos_ids=frozenset({0})
-    )
-    request_id = engine.add_request([9, 8, 7, 6, 5], params)
-    final = None
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.request_id == request_id and output.finished:
-                final = output
-    assert final is not None
-    return final
-
-
-@pytest.mark.spec("ENG-178")
-@pytest.mark.parametrize("field", [*FLOAT_FIELDS, "logit_bias"])
-def test_every_float_edge_is_refused_or_runs_to_the_tokens_asked_for(field: str) -> None:
-    """Catches the engine-level symptom, over every edge value of the field (at temperature
-    1, and greedy where the field is not the temperature): a run that ends after one token
-    with finish reason ``stop`` although the model never chose a stop token, or with an
-    error. Each value is refused naming the field, or its run produces all its ``max_tokens``
-    or stops on EOS, which its output then holds."""
-    temperatures = [None] if field == "temperature" else [1.0, 0.0]
-    for value in EDGES:
-        for temperature in temperatures:
-            others: dict[str, object] = {"max_tokens": 8, "seed": 5}
-            if temperature is not None:
-                others["temperature"] = temperature
-            refused: InvalidSamplingParams | None = None
-            try:
-                params = _params(field, value, **others)
-            except InvalidSamplingParams as exc:
-                refused = exc
-            if refused is not None:
-                assert str(refused).startswith(field), (value, refused)
-                continue
-            (completion,) = _final(params).outputs
-            assert completion.token_ids, (field, value, "an empty output")
-            if completion.finish_reason == FinishReason.STOP.value:
-                assert completion.token_ids[-1] == 0, (field, value)
-            else:
-                assert completion.finish_reason == FinishReason.LENGTH.value, (field, value)
-                assert len(completion.token_ids) == 8, (field, value)
 
 
 @pytest.mark.spec("ENG-176")

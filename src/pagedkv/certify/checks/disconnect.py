@@ -34,6 +34,20 @@ def _disconnect_all(context: CertifyContext, seed: int) -> tuple[dict[str, Any],
     return bodies[0], statuses
 
 
+def wait_for_idle_kv(context: CertifyContext, idle: float) -> tuple[bool, str]:
+    """Read ``/metrics`` every :data:`POLL_S` seconds for up to the profile's ``settle_s``
+    until the KV usage is back to ``idle``; ``(whether it came back, one line)``."""
+    deadline = time.monotonic() + context.profile.settle_s
+    usage: float | None = None
+    while time.monotonic() < deadline:
+        text = context.client.metrics()
+        usage = sample_sum(text, KV_USAGE) if text is not None else None
+        if usage is not None and usage <= idle:
+            return True, f"{KV_USAGE} back to {usage:g} (idle {idle:g})"
+        time.sleep(POLL_S)
+    return False, f"{KV_USAGE} {usage} after {context.profile.settle_s:g} s, idle {idle:g}"
+
+
 class DisconnectCheck:
     """Clients leave long streams after their first event; the server must then answer a
     greedy request with the reference's text."""
@@ -79,18 +93,8 @@ class DisconnectFreesKVCheck:
         body, statuses = _disconnect_all(context, seed=52)
         if any(400 <= s < 500 for s in statuses):
             return self._result(Verdict.SKIP, f"streams refused: {statuses}", None)
-        deadline = time.monotonic() + context.profile.settle_s
-        usage: float | None = None
-        while time.monotonic() < deadline:
-            text = context.client.metrics()
-            usage = sample_sum(text, KV_USAGE) if text is not None else None
-            if usage is not None and usage <= idle:
-                return self._result(
-                    Verdict.PASS, f"{KV_USAGE} back to {usage:g} (idle {idle:g})", None
-                )
-            time.sleep(POLL_S)
-        detail = f"{KV_USAGE} {usage} after {context.profile.settle_s:g} s, idle {idle:g}"
-        return self._result(Verdict.FAIL, detail, body)
+        back, detail = wait_for_idle_kv(context, idle)
+        return self._result(Verdict.PASS if back else Verdict.FAIL, detail, None if back else body)
 
     def _result(self, verdict: Verdict, detail: str, body: dict[str, Any] | None) -> CheckResult:
         return CheckResult(self.name, self.spec_ids, self.capability, verdict, detail, None, body)
@@ -129,14 +133,7 @@ class LeaveBeforeAnswerCheck:
         )
         if not any(left):
             return result_of(self, Verdict.SKIP, "every answer came before its client left")
-        deadline = time.monotonic() + context.profile.settle_s
-        usage: float | None = None
-        while time.monotonic() < deadline:
-            text = context.client.metrics()
-            usage = sample_sum(text, KV_USAGE) if text is not None else None
-            if usage is not None and usage <= idle:
-                detail = f"{sum(left)} clients left; {KV_USAGE} back to {usage:g} (idle {idle:g})"
-                return result_of(self, Verdict.PASS, detail)
-            time.sleep(POLL_S)
-        detail = f"{KV_USAGE} {usage} after {context.profile.settle_s:g} s, idle {idle:g}"
-        return result_of(self, Verdict.FAIL, detail, bodies[0])
+        back, detail = wait_for_idle_kv(context, idle)
+        detail = f"{sum(left)} clients left; {detail}"
+        verdict = Verdict.PASS if back else Verdict.FAIL
+        return result_of(self, verdict, detail, None if back else bodies[0])

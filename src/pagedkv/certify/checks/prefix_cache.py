@@ -9,6 +9,7 @@ server refuses the length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pagedkv.certify.checks.greedy_requests import greedy_body
@@ -26,6 +27,21 @@ def cached_tokens(answer: Answer) -> int | None:
     details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
     value = details.get("cached_tokens") if isinstance(details, dict) else None
     return value if isinstance(value, int) else None
+
+
+def until_reuse_shows(
+    prompts: list[tuple[int, ...]], attempt: Callable[[tuple[int, ...]], CheckResult]
+) -> CheckResult:
+    """``attempt`` on each prompt, shortest first, until one is not skipped for want of
+    reuse; a refused prompt ends the search (the server takes no longer one)."""
+    outcome: CheckResult | None = None
+    for prompt in prompts:
+        outcome = attempt(prompt)
+        if outcome.verdict is not Verdict.SKIP or "refused" in outcome.detail:
+            break
+    if outcome is None:
+        raise ValueError("no prompt to attempt")
+    return outcome
 
 
 #: Block sizes (tokens) whose two blocks a longer prompt covers when a shorter showed no reuse.
@@ -56,12 +72,7 @@ class CachedTokensCheck:
     capability = "usage.prompt_tokens_details.cached_tokens with a prefix cache"
 
     def run(self, context: CertifyContext) -> CheckResult:
-        outcome = self._skip("no prompt sent")
-        for prompt in _fresh_prompts(context, offset=0):
-            outcome = self._try(context, prompt)
-            if outcome.verdict is not Verdict.SKIP or "refused" in outcome.detail:
-                return outcome
-        return outcome
+        return until_reuse_shows(_fresh_prompts(context, offset=0), lambda p: self._try(context, p))
 
     def _try(self, context: CertifyContext, prompt: tuple[int, ...]) -> CheckResult:
         body = greedy_body(context.model, prompt, 2)
@@ -100,12 +111,7 @@ class CacheSaltCheck:
     capability = "cache_salt and cached_tokens"
 
     def run(self, context: CertifyContext) -> CheckResult:
-        outcome = self._skip("no prompt sent")
-        for prompt in _fresh_prompts(context, offset=1):
-            outcome = self._try(context, prompt)
-            if outcome.verdict is not Verdict.SKIP or "refused" in outcome.detail:
-                return outcome
-        return outcome
+        return until_reuse_shows(_fresh_prompts(context, offset=1), lambda p: self._try(context, p))
 
     def _try(self, context: CertifyContext, prompt: tuple[int, ...]) -> CheckResult:
         salted = {**greedy_body(context.model, prompt, 2), "cache_salt": "certify-tenant-a"}
