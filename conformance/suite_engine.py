@@ -162,7 +162,7 @@ class EngineSuite:
         assert first is not None
         assert first.finished
         assert first.finish_reason is FinishReason.ABORT
-        assert first.new_token_ids == ()
+        assert first.new_token_ids == []
         engine.check_invariants()
         engine.abort(ids[1])
         assert engine.stats().pages_in_use == 0

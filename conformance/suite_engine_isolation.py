@@ -101,7 +101,7 @@ def assert_failed(output: RequestOutput) -> None:
     assert isinstance(output.error, str)
     assert output.error
     for completion in output.outputs:
-        assert completion.new_token_ids == ()
+        assert completion.new_token_ids == []
         assert completion.new_text == ""
 
 
@@ -133,7 +133,7 @@ class EngineIsolationSuite:
         ids += add_all(engine, prompts[2:], greedy(max_tokens=7))
         run = run_all(engine)
         assert_failed(run.finals[poisoned])
-        assert run.finals[poisoned].token_ids == ()
+        assert run.finals[poisoned].token_ids == []
         same_step = {o.request_id: o for o in run.step_of_failure(poisoned)}
         assert set(same_step) == {*ids, poisoned}
         for request_id, prompt in zip(ids, prompts, strict=True):
@@ -230,7 +230,7 @@ class EngineIsolationSuite:
         params = SamplingParams(max_tokens=4, temperature=0.0, stop=(f"{first} x",))
         request_id = engine.add_request(prompt, params)
         (held,) = engine.step()
-        assert held.token_ids == (first,)
+        assert held.token_ids == [first]
         assert held.new_text == held.text == ""
         runner.failing = True
         (failed,) = engine.step()

@@ -49,7 +49,7 @@ class EngineOutputSuite:
         assert not any(c.finished() for c in outputs[0].outputs)
         final = outputs[-1]
         assert [c.index for c in final.outputs] == [0, 1, 2]
-        assert len({c.token_ids for c in final.outputs}) == 3
+        assert len({tuple(c.token_ids) for c in final.outputs}) == 3
         for completion in final.outputs:
             assert completion.finished()
             assert completion.logprobs is None, "logprobs reported though none were asked for"
@@ -75,7 +75,7 @@ class EngineOutputSuite:
         out = eut.engine.abort(request_id)
         assert out is not None
         assert out.prompt_logprobs is None, "prompt log-probabilities of a partial prompt"
-        assert out.token_ids == ()
+        assert out.token_ids == []
         (whole,) = build_engine(backend, max_num_batched_tokens=4).run([prompt], params)
         assert whole.prompt_logprobs is not None
         assert len(whole.prompt_logprobs) == len(prompt)

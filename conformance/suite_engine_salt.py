@@ -89,7 +89,7 @@ class EngineSaltSuite:
         assert [o.metrics.cached_tokens for o in (first, other, unsalted)] == [0, 0, 0]
         same = send(eut, text_prompt("tenant-a"), "prompt")
         assert same.metrics.cached_tokens == hit
-        assert len({o.token_ids for o in (first, other, unsalted, same)}) == 1
+        assert len({tuple(o.token_ids) for o in (first, other, unsalted, same)}) == 1
 
     @pytest.mark.spec("ENG-062")
     def test_a_dict_salt_and_another_cache_salt_argument_are_refused(

@@ -90,7 +90,7 @@ class EngineMachine(RuleBasedStateMachine):
         prompt, params, salt = self.live.pop(output.request_id)
         assert output.finish_reason is FinishReason.LENGTH
         if params.greedy:
-            assert list(output.token_ids) == solo_greedy(prompt, params.max_tokens)
+            assert list(output.token_ids) == solo_greedy(prompt, params.token_limit)
         else:
             (alone,) = engine_config(self.backend).run([prompt], params, cache_salt=salt)
             assert output.token_ids == alone.token_ids

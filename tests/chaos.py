@@ -214,7 +214,7 @@ def expected_tokens(config: ChaosConfig, requests: list[Planned]) -> dict[int, t
     runner = TracingHashRunner(VOCAB, config.engine.num_pages, config.engine.page_size)
     engine = reference_backend().create_engine(runner, config.engine)
     outputs = run_to_completion(engine, [r.prompt for r in kept], [r.params for r in kept])
-    return {r.index: o.token_ids for r, o in zip(kept, outputs, strict=True)}
+    return {r.index: tuple(o.token_ids) for r, o in zip(kept, outputs, strict=True)}
 
 
 @contextmanager

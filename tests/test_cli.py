@@ -313,7 +313,7 @@ def test_demo() -> None:
     saved_line = re.search(r"^prefix caching saved (\d+) prefill tokens and ", out, re.MULTILINE)
     assert saved_line is not None
     assert int(saved_line.group(1)) > 0
-    assert re.search(r"^why the wall time moves little: .*decode steps", out, re.MULTILINE)
+    assert re.search(r"^why the wall time moves( little|\s[\d.]+x): .*decode steps", out, re.M)
     assert "identical greedy outputs with prefix caching on and off: yes" in out
 
 
@@ -326,3 +326,24 @@ def test_bench_is_the_benchmark_command() -> None:
     bad = cli("bench", "--only", "no-such-workload")
     assert bad.returncode == 2
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.spec("SRV-045")
+def test_the_wall_time_line_follows_the_figures() -> None:
+    """The sentence on the wall time says "moves little" only for a small speed-up, and calls
+    a prefill cheap only when its steps cost under twice a decode step (a fixed sentence
+    contradicted the figures next to it)."""
+    from pagedkv.engine.outputs import EngineStats
+    from pagedkv.entrypoints.cli.demo import BatchRun, why_wall_time_moves
+
+    stats = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    def run(wall: float, prefill: list[float], decode: list[float]) -> BatchRun:
+        return BatchRun([], wall, stats, prefill, decode)
+
+    cheap = why_wall_time_moves(run(1.0, [0.01], [0.01] * 90), run(1.05, [0.012] * 4, [0.01] * 90))
+    assert cheap.startswith("why the wall time moves little: ")
+    assert "a prefill step costs little more than a decode step" in cheap
+    costly = why_wall_time_moves(run(1.0, [0.1], [0.01] * 10), run(3.0, [0.5] * 4, [0.01] * 10))
+    assert costly.startswith("why the wall time moves 3.00x: ")
+    assert "a prefill step costs 50.0x a decode step" in costly

@@ -33,7 +33,7 @@ def test_generate_keeps_prompt_order(llm: LLM, capsys: pytest.CaptureFixture[str
     prompts = ["class ", "def __init__(self", "return", "    for i in range("]
     outs = llm.generate(prompts, GREEDY, use_tqdm=True)
     assert [o.prompt_token_ids for o in outs] == [
-        tuple(llm.engine.tokenizer.encode(p))
+        llm.engine.tokenizer.encode(p)
         for p in prompts  # type: ignore[union-attr]
     ]
     assert all(o.finished for o in outs)

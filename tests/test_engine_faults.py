@@ -466,7 +466,7 @@ def test_a_greedy_row_holding_one_nan_fails_alone() -> None:
     poisoned = engine.add_request([*poison, 1, 2], params)
     finals = _finals(engine, [*ids, poisoned])
     assert finals[-1].finish_reason is FinishReason.ERROR
-    assert finals[-1].token_ids == ()
+    assert finals[-1].token_ids == []
     assert "NaN" in (finals[-1].error or "")
     for prompt, final in zip(prompts, finals[:-1], strict=True):
         assert final.error is None

@@ -87,4 +87,4 @@ def test_a_request_aborted_mid_prefill_reports_no_prompt_logprobs() -> None:
     out = e.abort(request_id)
     assert out is not None
     assert out.prompt_logprobs is None
-    assert out.token_ids == ()
+    assert out.token_ids == []

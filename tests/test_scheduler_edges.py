@@ -78,7 +78,7 @@ def test_a_stop_token_is_the_stop_reason() -> None:
     (out,) = run_to_completion(
         engine(), [prompt], SamplingParams(max_tokens=8, stop_token_ids=(first,))
     )
-    assert out.token_ids == (first,)
+    assert out.token_ids == [first]
     assert out.finish_reason is FinishReason.STOP
     assert out.outputs[0].stop_reason == first
 
@@ -146,7 +146,7 @@ def test_a_fork_whose_first_token_fails_fails_its_request(
     assert out.error is not None
     assert "injected sampling fault" in out.error
     assert [c.finish_reason for c in out.outputs] == [FinishReason.ERROR] * 3
-    assert all(c.new_token_ids == () for c in out.outputs)
+    assert all(c.new_token_ids == [] for c in out.outputs)
     finals: list[RequestOutput] = []
     while eut.has_unfinished_requests():
         finals.extend(o for o in eut.step() if o.finished)
@@ -195,6 +195,6 @@ def test_forks_whose_first_token_is_a_stop_token_stop_there(mode: str) -> None:
     first = next_token(prompt, VOCAB)
     params = SamplingParams(n=3, max_tokens=4, temperature=0.0, stop_token_ids=(first,))
     (out,) = run_to_completion(engine(mode), [prompt], params)
-    assert [c.token_ids for c in out.outputs] == [(first,)] * 3
+    assert [c.token_ids for c in out.outputs] == [[first]] * 3
     assert [c.finish_reason for c in out.outputs] == [FinishReason.STOP] * 3
     assert [c.stop_reason for c in out.outputs] == [first] * 3

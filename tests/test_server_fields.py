@@ -28,7 +28,7 @@ from pagedkv.engine.params import SamplingParams
 from pagedkv.entrypoints.server.app import create_app
 from pagedkv.entrypoints.server.async_engine import AsyncEngine
 from pagedkv.entrypoints.server.protocol import ChatCompletionRequest, CompletionRequest
-from pagedkv.entrypoints.server.request_checks import refused_fields
+from pagedkv.entrypoints.server.request_checks import noted_fields, refused_fields
 from pagedkv.interfaces import Engine
 from pagedkv.testing.tiny_qwen3 import model_device
 
@@ -255,6 +255,70 @@ def check_stream_options(s: Served, e: str) -> None:
     body.update(max_tokens=3, ignore_eos=True, stream=True, stream_options={"include_usage": True})
     payloads = sse_payloads(httpx.post(f"{s.url}/v1/{path}", json=body, timeout=60).content)
     assert json.loads(payloads[-2])["usage"]["completion_tokens"] == 3
+    # without stream it would be dropped: refused, as vLLM does (SRV-118)
+    error = error_of(post_json_with(s, e, stream_options={"include_usage": True}), 400)
+    assert error["param"] == "stream_options"
+
+
+def check_priority(s: Served, e: str) -> None:
+    """This server schedules fcfs: priority 0 is served, another refused naming the field
+    (that the priority policy takes it is tests/test_server_vllm_fields.py's, SRV-118)."""
+    assert texts(s.ask(e, priority=0)) == texts(s.ask(e))
+    error = error_of(post_json_with(s, e, priority=3), 400)
+    assert error["param"] == "priority"
+    assert "priority=3" in error["message"]
+
+
+def check_request_id(s: Served, e: str) -> None:
+    """The response's id is the endpoint's prefix then the request_id, as vLLM's."""
+    prefix = "cmpl" if e == "completions" else "chatcmpl"
+    assert s.ask(e, request_id=f"mine-{e}")["id"] == f"{prefix}-mine-{e}"
+    assert s.ask(e)["id"] != s.ask(e)["id"]
+
+
+def check_add_special_tokens(s: Served, e: str) -> None:
+    """With a tokenizer that adds a BOS (the served one's post-processor given one for the
+    check), ``add_special_tokens: true`` adds it to the prompt; false, the default, does not."""
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = s.bridge._engine.tokenizer
+    assert tokenizer is not None
+    backend = tokenizer.hf.backend_tokenizer
+    saved = backend.post_processor
+    bos = "<|endoftext|>"
+    backend.post_processor = TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tokenizer.hf.convert_tokens_to_ids(bos))]
+    )
+    try:
+        plain = s.ask(e, max_tokens=1)["usage"]["prompt_tokens"]
+        added = s.ask(e, max_tokens=1, add_special_tokens=True)["usage"]["prompt_tokens"]
+    finally:
+        backend.post_processor = saved
+    assert added == plain + 1
+
+
+def check_add_generation_prompt(s: Served, e: str) -> None:
+    """false renders the conversation without the assistant's turn opened: fewer tokens."""
+    opened = s.ask(e, max_tokens=1)["usage"]["prompt_tokens"]
+    closed = s.ask(e, max_tokens=1, add_generation_prompt=False)["usage"]["prompt_tokens"]
+    assert closed < opened
+
+
+def check_continue_final_message(s: Served, e: str) -> None:
+    """The last assistant message is continued: its prompt ends with that message's text,
+    no end-of-turn after it; with add_generation_prompt also true it is a 400."""
+    messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "x = 1"}]
+    tokenizer = s.reference.tokenizer
+    assert tokenizer is not None
+    fields: dict[str, Any] = {"messages": messages, "max_tokens": 1, "prompt_logprobs": 0}
+    continued = s.ask(e, add_generation_prompt=False, continue_final_message=True, **fields)
+    ids = [int(next(iter(p))) for p in continued["prompt_logprobs"][1:]]
+    assert tokenizer.decode(ids).endswith("x = 1")
+    closed = s.ask(e, add_generation_prompt=False, **fields)
+    closed_ids = [int(next(iter(p))) for p in closed["prompt_logprobs"][1:]]
+    assert closed_ids[: len(ids)] == ids  # the closed turn goes on: its end-of-turn tokens
+    assert len(closed_ids) > len(ids)
+    error_of(post_json_with(s, e, continue_final_message=True), 400)
 
 
 def _eos(s: Served) -> str:
@@ -371,6 +435,9 @@ SHARED: dict[str, Callable[[Served, str], None]] = {
     "n": check_n,
     "stream": check_stream,
     "stream_options": check_stream_options,
+    "priority": check_priority,
+    "request_id": check_request_id,
+    "add_special_tokens": check_add_special_tokens,
     "ignore_eos": check_ignore_eos,
     "cache_salt": check_cache_salt,
     "best_of": check_best_of,
@@ -394,6 +461,8 @@ HONORED: dict[str, dict[str, Callable[[Served, str], None]]] = {
         "max_completion_tokens": check_max_completion_tokens,
         "top_logprobs": check_top_logprobs,
         "chat_template_kwargs": check_chat_template_kwargs,
+        "add_generation_prompt": check_add_generation_prompt,
+        "continue_final_message": check_continue_final_message,
     },
 }
 
@@ -405,9 +474,12 @@ def test_every_field_is_honored_or_refused(endpoint: str) -> None:
     ones (a new field fails this until it is one or the other)."""
     fields = set(ENDPOINTS[endpoint].model_fields)
     refused = set(refused_fields(ENDPOINTS[endpoint]))
+    noted = set(noted_fields(ENDPOINTS[endpoint]))
     honored = set(HONORED[endpoint])
     assert not honored & refused
-    assert fields == honored | refused, (fields - honored - refused, honored | refused - fields)
+    assert not noted & (honored | refused)
+    every = honored | refused | noted
+    assert fields == every, (fields - every, every - fields)
 
 
 @pytest.mark.spec("SRV-100", "SRV-101")

@@ -12,8 +12,10 @@ __version__ = "0.1.0"
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "EngineArgs",
     "EngineConfig",
     "LLMEngine",
+    "Logprob",
     "RequestOutput",
     "SamplingParams",
     "TextPrompt",
@@ -23,8 +25,9 @@ __all__ = [
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
     from pagedkv.engine.engine import LLMEngine
+    from pagedkv.engine.engine_args import EngineArgs
     from pagedkv.engine.llm import LLM
-    from pagedkv.engine.outputs import CompletionOutput, RequestOutput
+    from pagedkv.engine.outputs import CompletionOutput, Logprob, RequestOutput
     from pagedkv.engine.params import SamplingParams
     from pagedkv.engine.prompts import TextPrompt, TokensPrompt
 
@@ -35,6 +38,8 @@ _LAZY = {
     "SamplingParams": "pagedkv.engine.params",
     "RequestOutput": "pagedkv.engine.outputs",
     "CompletionOutput": "pagedkv.engine.outputs",
+    "Logprob": "pagedkv.engine.outputs",
+    "EngineArgs": "pagedkv.engine.engine_args",
     "TextPrompt": "pagedkv.engine.prompts",
     "TokensPrompt": "pagedkv.engine.prompts",
 }

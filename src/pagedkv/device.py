@@ -52,3 +52,16 @@ def torch_device(name: str | torch.device) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise InvalidRequest(f"device {name!r} requested but CUDA is not available")
     return device
+
+
+def cuda_total_bytes(device: str) -> int:
+    """Bytes of memory of the CUDA device ``device`` names (``cuda`` or ``cuda:N``).
+
+    Raises:
+        InvalidRequest: CUDA is not available.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise InvalidRequest(f"device {device!r} needs CUDA, which is not available")
+    return int(torch.cuda.get_device_properties(torch_device(device)).total_memory)

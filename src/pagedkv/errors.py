@@ -19,6 +19,11 @@ class RequestTooLong(InvalidRequest):
     """A request that could never fit: past ``max_model_len`` or the whole page pool (ENG-033)."""
 
 
+class UnsupportedPriority(InvalidRequest):
+    """A request priority other than 0 given to an engine that does not schedule by priority
+    (ENG-189), as vLLM refuses it."""
+
+
 class StaleMatch(InvalidRequest):
     """``allocate`` was given a prefix match that no longer describes the manager: taken by
     another manager, for another prompt or salt, or before a state change since (KVM-035)."""

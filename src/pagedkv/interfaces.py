@@ -533,8 +533,10 @@ class Engine(Protocol):
         *,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> str:
-        """Queue a request; returns its id."""
+        """Queue a request; returns its id. ``priority`` orders it under the ``priority``
+        scheduling policy; elsewhere a value other than 0 is refused (ENG-189)."""
         ...
 
     def step(self) -> list[RequestOutput]:

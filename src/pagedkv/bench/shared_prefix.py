@@ -234,7 +234,7 @@ def _run_chat(
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     if out.finished:
-                        answers[out.request_id] = out.token_ids
+                        answers[out.request_id] = tuple(out.token_ids)
                         if turn > 0 and out.metrics.ttft is not None:
                             ttft.append(out.metrics.ttft)
             previous_total = [len(p) + spec.answer_len for p in prompts]

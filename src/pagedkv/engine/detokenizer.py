@@ -27,13 +27,16 @@ _INVALID_PREFIX = "Invalid prefix encountered"
 
 
 class DecodeStreamDecoder:
-    """Steps a ``tokenizers.Tokenizer`` with its ``DecodeStream`` (special tokens skipped)."""
+    """Steps a ``tokenizers.Tokenizer`` with its ``DecodeStream`` (special tokens skipped
+    unless ``skip_special_tokens`` is false)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
         from tokenizers.decoders import DecodeStream
 
         self._tokenizer = tokenizer
-        self._new_stream: Callable[[], Any] = lambda: DecodeStream(skip_special_tokens=True)
+        self._new_stream: Callable[[], Any] = lambda: DecodeStream(
+            skip_special_tokens=skip_special_tokens
+        )
         self._stream = self._new_stream()
 
     def __call__(self, token_id: int) -> str:

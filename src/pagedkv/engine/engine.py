@@ -40,7 +40,7 @@ from pagedkv.engine.sampler import Sampled, SampleRow, sample_batch, summarise
 from pagedkv.engine.sched.factory import make_scheduler
 from pagedkv.engine.sched.output import SampledToken, SampleError, SchedulerOutput
 from pagedkv.engine.tokenizer import Tokenizer
-from pagedkv.errors import InvalidRequest, RequestTooLong, RunnerFailed
+from pagedkv.errors import InvalidRequest, RequestTooLong, RunnerFailed, UnsupportedPriority
 from pagedkv.interfaces import Closable, KVManager, StepRunner
 from pagedkv.plan import StepPlan
 
@@ -87,7 +87,7 @@ class LLMEngine:
         self._requests: dict[str, RequestGroup] = {}
         self._observers: list[StepObserver] = []
         self._ids = itertools.count()
-        self._seed_source = torch.Generator().manual_seed(0)
+        self._seed_source = torch.Generator().manual_seed(config.seed)
         self._steps = 0
         self._tokens_computed = 0
         self._prefill_tokens_computed = 0
@@ -107,9 +107,14 @@ class LLMEngine:
         *,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> str:
         """Queue a request; returns its id. Raises a typed error, queuing nothing, if it is
         invalid or could never fit (ENG-033).
+
+        ``priority`` orders it under the ``priority`` scheduling policy (lower first); under
+        ``fcfs`` a value other than 0 is refused, as vLLM does (ENG-189). ``max_tokens=None``
+        means up to the context limit (ENG-187).
 
         ``prompt`` is text, token ids, or a vLLM prompt dict (ENG-062). Without ``params`` the
         model's generation defaults apply (ENG-080).
@@ -126,7 +131,17 @@ class LLMEngine:
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
-        total = len(prompt_ids) + params.max_tokens
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise UnsupportedPriority(
+                f"priority={priority} needs the priority scheduling policy; this engine "
+                f"schedules {self.config.scheduling_policy}"
+            )
+        if params.max_tokens is None:
+            left = max(1, self.max_model_len - len(prompt_ids))
+            params = dataclasses.replace(
+                params, max_tokens=left, min_tokens=min(params.min_tokens, left)
+            )
+        total = len(prompt_ids) + params.token_limit
         if total > self.max_model_len:
             raise RequestTooLong(
                 f"prompt of {len(prompt_ids)} tokens + max_tokens {params.max_tokens} = {total} "
@@ -135,17 +150,31 @@ class LLMEngine:
         self._check_params(params)
         sequences = self._sequences(request_id, prompt_ids, params, cache_salt)
         detokenizers = None
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and params.detokenize:  # detokenize=False: no text
             tokenizer = self.tokenizer
+            skip = params.skip_special_tokens
             detokenizers = [
-                IncrementalDetokenizer(tokenizer.incremental_decoder(), params) for _ in sequences
+                IncrementalDetokenizer(
+                    tokenizer.incremental_decoder(skip_special_tokens=skip), params
+                )
+                for _ in sequences
             ]
         group = RequestGroup(request_id, parsed.text, sequences, detokenizers)
+        if self.tokenizer is not None:
+            group.decode_token = self._token_text
         if params.prompt_logprobs is not None:
             group.prompt_logprobs = [None] * len(prompt_ids)
         self._requests[request_id] = group
+        for sequence in sequences:
+            sequence.priority = priority
         self.scheduler.add(sequences[0])
         return request_id
+
+    def _token_text(self, token_id: int) -> str:
+        """One token's text, special tokens kept (a ``Logprob``'s ``decoded_token``)."""
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _check_params(self, params: SamplingParams) -> None:
         """What SamplingParams cannot check alone: it needs the engine's limits."""

@@ -9,6 +9,7 @@ log-probabilities, and builds the :class:`~pagedkv.engine.outputs.RequestOutput`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,7 @@ from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.outputs import (
     CompletionOutput,
     FinishReason,
+    PositionLogprobs,
     RequestMetrics,
     RequestOutput,
     TokenLogprobs,
@@ -39,6 +41,10 @@ class RequestGroup:
         prompt_logprobs_done: prompt positions filled so far (1 + the last filled).
         reported: output tokens of each sequence already reported in an output.
         decoded: output tokens of each sequence already detokenized.
+        decode_token: one token's text, for each ``Logprob``'s ``decoded_token``; ``None``
+            without a tokenizer.
+        logprob_dicts: each sequence's log-probabilities in vLLM's shape, built once per
+            position (ENG-186).
     """
 
     request_id: str
@@ -49,10 +55,22 @@ class RequestGroup:
     prompt_logprobs_done: int = 1
     reported: list[int] = field(default_factory=list)
     decoded: list[int] = field(default_factory=list)
+    decode_token: Callable[[int], str] | None = None
+    logprob_dicts: list[list[PositionLogprobs]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.reported = [0] * len(self.sequences)
         self.decoded = [0] * len(self.sequences)
+        self.logprob_dicts = [[] for _ in self.sequences]
+
+    def _logprobs(self, sequence: Request) -> list[PositionLogprobs] | None:
+        """The sequence's log-probabilities so far, in vLLM's shape (a fresh list)."""
+        if sequence.logprobs is None:
+            return None
+        built = self.logprob_dicts[sequence.index]
+        for entry in sequence.logprobs[len(built) :]:
+            built.append(PositionLogprobs(entry, self.decode_token))
+        return list(built)
 
     @property
     def params(self) -> SamplingParams:
@@ -132,23 +150,22 @@ class RequestGroup:
         """One sequence's completion; a failed one carries no new token or text (ENG-070)."""
         output = sequence.output_token_ids
         failed = sequence.finish_reason is FinishReason.ERROR
-        new_ids = () if failed else output[self.reported[sequence.index] :]
+        new_ids = [] if failed else output[self.reported[sequence.index] :]
         self.reported[sequence.index] = len(output)
         text = new_text = ""
         if self.detokenizers is not None:
             detokenizer = self.detokenizers[sequence.index]
             new_text = "" if failed else detokenizer.release(sequence.finished)
             text = detokenizer.released
-        logprobs = sequence.logprobs
         return CompletionOutput(
             index=index,
             text=text,
-            token_ids=tuple(output),
+            token_ids=list(output),
             cumulative_logprob=sequence.cumulative_logprob,
-            logprobs=None if logprobs is None else tuple(logprobs),
+            logprobs=self._logprobs(sequence),
             finish_reason=sequence.finish_reason,
             stop_reason=sequence.stop_reason,
-            new_token_ids=tuple(new_ids),
+            new_token_ids=list(new_ids),
             new_text=new_text,
         )
 
@@ -158,12 +175,18 @@ class RequestGroup:
         done = self.prompt_logprobs is not None and self.prompt_logprobs_done >= len(
             self.prompt_token_ids
         )
+        prompt_logprobs = None
+        if done and self.prompt_logprobs:
+            prompt_logprobs = [
+                None if e is None else PositionLogprobs(e, self.decode_token)
+                for e in self.prompt_logprobs
+            ]
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids,
-            prompt_logprobs=tuple(self.prompt_logprobs) if done and self.prompt_logprobs else None,
-            outputs=tuple(self._completion(i, s) for i, s in enumerate(shown)),
+            prompt_token_ids=list(self.prompt_token_ids),
+            prompt_logprobs=prompt_logprobs,
+            outputs=[self._completion(i, s) for i, s in enumerate(shown)],
             finished=self.finished,
             metrics=self.metrics(),
             error=self.error,

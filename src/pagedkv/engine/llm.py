@@ -1,9 +1,10 @@
 """The offline API in the style of vLLM: ``LLM(model).generate(prompts, sampling_params)``.
 
-A vLLM user's script runs unchanged (ENG-061): ``LLM()`` loads the embedded model,
+A vLLM user's script runs unchanged (ENG-061): ``LLM()`` loads the embedded model, its
+keyword arguments are vLLM's engine arguments (ENG-180, :mod:`pagedkv.engine.engine_args`),
 ``generate(prompts, sampling_params=SamplingParams(n=2))`` returns vLLM-shaped outputs
-(``out.outputs[i].text``), prompts may be text, token ids or vLLM's prompt dicts, and
-``block_size`` is accepted as vLLM's name for ``page_size``.
+(``out.outputs[i].text``, ``out.outputs[i].logprobs[j][token].logprob``), and prompts may be
+text, token ids or vLLM's prompt dicts.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from typing import Any, cast
 
 from tqdm import tqdm
 
-from pagedkv.device import DEFAULT_DEVICE
-from pagedkv.engine.config import CacheMode, EngineConfig
+from pagedkv.engine.engine_args import EngineArgs, engine_args_from_kwargs, load_engine_from_args
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import OutputKind, SamplingParams
 from pagedkv.engine.prompts import PromptType, is_one_prompt
@@ -25,8 +25,6 @@ from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import Closable, Engine
 
 Prompt = PromptType
-#: Tokens per KV page when neither ``page_size`` nor ``block_size`` is given.
-DEFAULT_PAGE_SIZE = 16
 
 
 def run_to_completion(
@@ -36,8 +34,11 @@ def run_to_completion(
     *,
     use_tqdm: bool = False,
     cache_salt: str | None = None,
+    priority: Sequence[int] | None = None,
 ) -> list[RequestOutput]:
     """Queue every prompt, step until all finish; outputs in the order of ``prompts`` (ENG-014).
+
+    ``priority`` gives each prompt its priority (ENG-189); ``None`` leaves them all at 0.
 
     Every request runs ``final_only`` (ENG-157): only final outputs are returned, so the
     engine builds no other.
@@ -50,10 +51,16 @@ def run_to_completion(
     per_prompt = [replace(p, output_kind=OutputKind.FINAL_ONLY) for p in given]
     if len(per_prompt) != len(prompts):
         raise InvalidRequest(f"{len(per_prompt)} SamplingParams for {len(prompts)} prompts")
+    priorities = [0] * len(prompts) if priority is None else list(priority)
+    if len(priorities) != len(prompts):
+        raise InvalidRequest(f"{len(priorities)} priorities for {len(prompts)} prompts")
     ids: list[str] = []
     try:
-        for p, sp in zip(prompts, per_prompt, strict=True):
-            ids.append(engine.add_request(p, sp, cache_salt=cache_salt))
+        for p, sp, rank in zip(prompts, per_prompt, priorities, strict=True):
+            if rank:
+                ids.append(engine.add_request(p, sp, cache_salt=cache_salt, priority=rank))
+            else:
+                ids.append(engine.add_request(p, sp, cache_salt=cache_salt))
     except BaseException:
         for queued in ids:
             engine.abort(queued)
@@ -75,68 +82,32 @@ class LLM:
         model: a Hugging Face format directory (config.json, safetensors, tokenizer files), a
             hub id already in the local Hugging Face cache, or ``None`` for the small model
             embedded in pagedkv (ENG-061, ENG-082).
-        page_size: token positions per KV page; ``block_size`` is vLLM's name for it (give
-            one, or both equal).
-        num_pages, max_num_batched_tokens, max_num_seqs, max_model_len,
-        enable_prefix_caching, mode: see :class:`EngineConfig`.
-        dtype: ``float32``, ``bfloat16``, ``float16``, or ``auto`` for the checkpoint's own.
-        device: ``cpu`` or ``cuda``.
-        generation_config: where sampling defaults come from: ``auto`` (the checkpoint's
-            ``generation_config.json``), ``vllm`` (none), or a directory holding one; they
-            apply when ``generate`` is given no SamplingParams (ENG-080).
-        tensor_parallel_size: ranks the model is split over (specs/tensor-parallel.md):
-            above 1, ``LLM`` starts ``tensor_parallel_size - 1`` worker processes on this
-            machine, or under ``torchrun`` joins its ranks (a rank other than 0 serves rank 0
-            and leaves with ``SystemExit(0)`` when it closes). ``close()``, or leaving a
-            ``with LLM(...)`` block, ends them.
+        kwargs: vLLM's engine arguments (``dtype``, ``seed``, ``max_model_len``,
+            ``block_size``, ``gpu_memory_utilization``, ``enable_prefix_caching``,
+            ``max_num_seqs``, ``max_num_batched_tokens``, ``enforce_eager``, ``tokenizer``,
+            ``chat_template``, ``trust_remote_code``, ``scheduling_policy``,
+            ``tensor_parallel_size``, ...) and pagedkv's own (``num_pages``, ``mode``,
+            ``device``, ``generation_config``, ``max_step_retries``; ``page_size`` is
+            ``block_size``'s older name): see :class:`~pagedkv.engine.engine_args.EngineArgs`.
+            Above 1, ``tensor_parallel_size`` starts ``tensor_parallel_size - 1`` worker
+            processes on this machine, or under ``torchrun`` joins its ranks; ``close()``, or
+            leaving a ``with LLM(...)`` block, ends them.
 
     Raises:
-        InvalidRequest: ``page_size`` and ``block_size`` that differ, or an engine setting out
-            of range.
+        UnknownEngineArgument: a keyword argument that is no engine argument, named (ENG-181).
+        UnsupportedEngineArgument: a vLLM argument pagedkv does not implement, named with why.
+        InvalidRequest: two names of one setting that differ, or a value out of range.
         CheckpointError: no such directory or cached hub id.
     """
 
-    def __init__(
-        self,
-        model: str | Path | None = None,
-        *,
-        page_size: int | None = None,
-        block_size: int | None = None,
-        num_pages: int = 512,
-        max_num_batched_tokens: int = 512,
-        max_num_seqs: int = 64,
-        max_model_len: int = 2048,
-        enable_prefix_caching: bool = True,
-        mode: CacheMode = "v1",
-        dtype: str = "float32",
-        device: str = DEFAULT_DEVICE,
-        generation_config: str = "auto",
-        tensor_parallel_size: int = 1,
-    ) -> None:
-        if page_size is not None and block_size is not None and page_size != block_size:
-            raise InvalidRequest(
-                f"page_size={page_size} and block_size={block_size} name the same setting"
-            )
-        size = page_size if page_size is not None else block_size
-        config = EngineConfig(
-            page_size=DEFAULT_PAGE_SIZE if size is None else size,
-            num_pages=num_pages,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            enable_prefix_caching=enable_prefix_caching,
-            mode=mode,
-        )
-        from pagedkv.backend import load_engine
+    def __init__(self, model: str | Path | None = None, **kwargs: Any) -> None:
+        self.engine_args: EngineArgs = engine_args_from_kwargs(model, kwargs)
+        self.engine: Engine = load_engine_from_args(self.engine_args)
 
-        self.engine: Engine = load_engine(
-            model,
-            config,
-            dtype=dtype,
-            device=device,
-            generation_config=generation_config,
-            tensor_parallel_size=tensor_parallel_size,
-        )
+    @property
+    def llm_engine(self) -> Engine:
+        """The engine (vLLM's name for it, ENG-188)."""
+        return self.engine
 
     def close(self) -> None:
         """End the engine and release its runner: a tensor-parallel model's workers exit and
@@ -171,14 +142,18 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: object = None,
+        priority: Sequence[int] | None = None,
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs in prompt order.
 
         ``prompts`` is one prompt or a list of them, each text, token ids,
         ``{"prompt": text}`` or ``{"prompt_token_ids": ids}`` (ENG-062). ``params`` is the
-        name this argument had before it took vLLM's.
+        name this argument had before it took vLLM's. ``priority`` is one per prompt
+        (ENG-189); ``lora_request`` other than ``None`` is refused (ENG-188).
         """
+        _refuse_lora(lora_request)
         if sampling_params is not None and params is not None:
             raise InvalidRequest("give sampling_params or params, not both")
         chosen = sampling_params if sampling_params is not None else params
@@ -188,6 +163,7 @@ class LLM:
             batch,
             chosen if chosen is not None else self.get_default_sampling_params(),
             use_tqdm=use_tqdm,
+            priority=priority,
         )
 
     def chat(
@@ -196,6 +172,10 @@ class LLM:
         sampling_params: SamplingParams | None = None,
         *,
         use_tqdm: bool = True,
+        lora_request: object = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         params: SamplingParams | None = None,
         chat_template_kwargs: Mapping[str, object] | None = None,
     ) -> list[RequestOutput]:
@@ -203,7 +183,10 @@ class LLM:
 
         ``chat_template_kwargs`` are further template variables, e.g. ``{"enable_thinking":
         False}`` for Qwen3; a key the template does not read raises ``InvalidRequest``.
+        ``chat_template`` replaces the model's template for this call;
+        ``add_generation_prompt`` and ``continue_final_message`` are vLLM's (ENG-188).
         """
+        _refuse_lora(lora_request)
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise InvalidRequest("chat needs a model directory with a tokenizer")
@@ -211,5 +194,20 @@ class LLM:
             batch: list[Sequence[Message]] = [messages]  # type: ignore[list-item]
         else:
             batch = list(messages)  # type: ignore[arg-type]
-        prompts = [tokenizer.apply_chat_template(c, chat_template_kwargs) for c in batch]
+        prompts = [
+            tokenizer.apply_chat_template(
+                c,
+                chat_template_kwargs,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )
+            for c in batch
+        ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, params=params)
+
+
+def _refuse_lora(lora_request: object) -> None:
+    """LoRA adapters are not supported: any ``lora_request`` but ``None`` is refused."""
+    if lora_request is not None:
+        raise InvalidRequest("lora_request is not supported: pagedkv serves no LoRA adapters")

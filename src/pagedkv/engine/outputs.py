@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -31,6 +32,65 @@ class TokenLogprobs:
     logprob: float
     top: tuple[tuple[int, float], ...]
     rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    """vLLM's ``Logprob``: one token's log-probability at a position (ENG-186).
+
+    Attributes:
+        logprob: natural log, over the model's raw distribution.
+        rank: 1 for the most likely token; ``None`` where not computed (a sampled token
+            outside the top ones).
+        decoded_token: the token's text (special tokens kept), ``None`` without a tokenizer.
+    """
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+class PositionLogprobs(dict[int, Logprob]):
+    """vLLM's per-position log-probabilities: token id to :class:`Logprob`, the chosen token
+    first, then the most likely ones by rank (ENG-186).
+
+    It also names the chosen token (``token_id``, ``logprob``, ``rank``) and the most likely
+    ``(token_id, logprob)`` pairs (``top``), read by pagedkv's server.
+    """
+
+    __slots__ = ("entry",)
+
+    def __init__(self, entry: TokenLogprobs, decode: Callable[[int], str] | None = None) -> None:
+        super().__init__()
+        self.entry = entry
+        ranks = {token: i + 1 for i, (token, _) in enumerate(entry.top)}
+        chosen_rank = entry.rank if entry.rank is not None else ranks.get(entry.token_id)
+        text = None if decode is None else decode(entry.token_id)
+        self[entry.token_id] = Logprob(entry.logprob, chosen_rank, text)
+        for token, logprob in entry.top:
+            if token not in self:
+                text = None if decode is None else decode(token)
+                self[token] = Logprob(logprob, ranks[token], text)
+
+    @property
+    def token_id(self) -> int:
+        """The chosen (or prompt) token."""
+        return self.entry.token_id
+
+    @property
+    def logprob(self) -> float:
+        """The chosen token's log-probability."""
+        return self.entry.logprob
+
+    @property
+    def rank(self) -> int | None:
+        """The chosen token's rank, where computed."""
+        return self.entry.rank
+
+    @property
+    def top(self) -> tuple[tuple[int, float], ...]:
+        """The most likely ``(token_id, logprob)`` pairs, most likely first."""
+        return self.entry.top
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +154,11 @@ class CompletionOutput:
         index: the completion's index among the request's ``n`` (by rank once ``best_of``
             has chosen them).
         text: the generated text so far (stop string trimmed); empty without a tokenizer.
-        token_ids: every token generated so far.
+        token_ids: every token generated so far (a list, as vLLM's).
         cumulative_logprob: sum of the generated tokens' log-probabilities (natural log, over
             the model's raw distribution); ``best_of`` ranks completions by it.
-        logprobs: per generated position, when asked for.
+        logprobs: per generated position, when asked for: token id to :class:`Logprob`
+            (ENG-186).
         finish_reason: why it ended, once it has.
         stop_reason: the stop string or stop token that ended it, else ``None``.
         new_token_ids: the tokens this step added (empty when the step did not advance it).
@@ -106,12 +167,12 @@ class CompletionOutput:
 
     index: int
     text: str
-    token_ids: tuple[int, ...]
+    token_ids: list[int]
     cumulative_logprob: float | None
-    logprobs: tuple[TokenLogprobs, ...] | None
+    logprobs: list[PositionLogprobs] | None
     finish_reason: FinishReason | None
     stop_reason: StopReason = None
-    new_token_ids: tuple[int, ...] = ()
+    new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
 
     def finished(self) -> bool:
@@ -130,10 +191,11 @@ class RequestOutput:
     Attributes:
         request_id: the id ``add_request`` returned.
         prompt: the prompt's text when it was given as text, else ``None``.
-        prompt_token_ids: the prompt.
+        prompt_token_ids: the prompt (a list, as vLLM's).
         prompt_logprobs: with ``prompt_logprobs`` asked for, per prompt position: ``None``
-            for the first, then the log-probability of that token after the ones before it
-            (and the most likely alternatives); filled once the prompt is computed.
+            for the first, then token id to :class:`Logprob` for that token after the ones
+            before it and the most likely alternatives (ENG-186); filled once the prompt is
+            computed.
         outputs: the completions, by index.
         finished: whether every completion has ended.
         metrics: timings and counts.
@@ -143,9 +205,9 @@ class RequestOutput:
 
     request_id: str
     prompt: str | None
-    prompt_token_ids: tuple[int, ...]
-    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None
-    outputs: tuple[CompletionOutput, ...]
+    prompt_token_ids: list[int]
+    prompt_logprobs: list[PositionLogprobs | None] | None
+    outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
     error: str | None = None
@@ -171,12 +233,12 @@ class RequestOutput:
         return self.outputs[0].new_text
 
     @property
-    def token_ids(self) -> tuple[int, ...]:
+    def token_ids(self) -> list[int]:
         """The first completion's tokens."""
         return self.outputs[0].token_ids
 
     @property
-    def new_token_ids(self) -> tuple[int, ...]:
+    def new_token_ids(self) -> list[int]:
         """The tokens this step added to the first completion."""
         return self.outputs[0].new_token_ids
 
@@ -186,7 +248,7 @@ class RequestOutput:
         return self.outputs[0].finish_reason
 
     @property
-    def logprobs(self) -> tuple[TokenLogprobs, ...] | None:
+    def logprobs(self) -> list[PositionLogprobs] | None:
         """The first completion's log-probabilities."""
         return self.outputs[0].logprobs
 

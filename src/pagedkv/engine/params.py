@@ -56,7 +56,8 @@ class SamplingParams:
     """How to pick each next token and when to stop (ENG-040..ENG-046).
 
     Attributes:
-        max_tokens: most tokens to generate, at least 1.
+        max_tokens: most tokens to generate, at least 1; ``None`` (vLLM's) for up to the
+            context limit, ``max_model_len`` less the prompt (the engine resolves it, ENG-187).
         temperature: below :data:`GREEDY_TEMPERATURE` (0 included) means greedy (argmax);
             otherwise logits are divided by it; finite, at most :data:`FLOAT32_MAX`
             (ENG-176, ENG-177), with no other upper bound (as vLLM).
@@ -92,9 +93,14 @@ class SamplingParams:
         include_stop_str_in_output: keep the stop string that ended the output in its text.
         output_kind: when ``step()`` returns the request's outputs (:class:`OutputKind`, or its
             name).
+        detokenize: ``False`` returns no text (and so takes no stop strings), as vLLM does.
+        skip_special_tokens: ``False`` keeps special tokens in the text.
+        spaces_between_special_tokens, allowed_token_ids, bad_words, truncate_prompt_tokens,
+        structured_outputs, guided_decoding, logits_processors: vLLM's; only their neutral
+            values are accepted, anything else is refused naming the field and why (ENG-187).
     """
 
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -114,6 +120,15 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     output_kind: OutputKind = OutputKind.EVERY_STEP
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] | None = None
+    truncate_prompt_tokens: int | None = None
+    structured_outputs: object = None
+    guided_decoding: object = None
+    logits_processors: object = None
 
     def __post_init__(self) -> None:
         # Accept lists from callers (JSON, CLI) but store tuples: the object stays hashable.
@@ -123,6 +138,7 @@ class SamplingParams:
         bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
         object.__setattr__(self, "output_kind", _output_kind(self.output_kind))
+        self._refuse_unsupported()
         self._check_finite()
         self._check_ranges()
         self._check_extensions()
@@ -144,8 +160,43 @@ class SamplingParams:
                     f"logit_bias of token {token} must be a finite number, got {bias}"
                 )
 
+    def _refuse_unsupported(self) -> None:
+        """vLLM's fields pagedkv does not implement: refused unless neutral (ENG-187)."""
+        reasons = {
+            "spaces_between_special_tokens": (
+                self.spaces_between_special_tokens is not True,
+                "special tokens are decoded as the tokenizer joins them",
+            ),
+            "allowed_token_ids": (
+                self.allowed_token_ids is not None,
+                "restricting the vocabulary is not supported",
+            ),
+            "bad_words": (self.bad_words not in (None, ()), "bad words are not supported"),
+            "truncate_prompt_tokens": (
+                self.truncate_prompt_tokens is not None,
+                "prompts are never truncated",
+            ),
+            "structured_outputs": (
+                self.structured_outputs is not None,
+                "structured output is not supported",
+            ),
+            "guided_decoding": (
+                self.guided_decoding is not None,
+                "guided decoding is not supported",
+            ),
+            "logits_processors": (
+                self.logits_processors not in (None, [], ()),
+                "custom logits processors are not supported",
+            ),
+        }
+        for name, (given, why) in reasons.items():
+            if given:
+                raise InvalidSamplingParams(f"{name} is not supported: {why}")
+        if not self.detokenize and self.stop:
+            raise InvalidSamplingParams("stop strings need detokenize=True")
+
     def _check_ranges(self) -> None:
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidSamplingParams(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not self.temperature >= 0.0:  # also rejects NaN
             raise InvalidSamplingParams(f"temperature must be >= 0, got {self.temperature}")
@@ -196,12 +247,25 @@ class SamplingParams:
                 raise InvalidSamplingParams(
                     f"logit_bias of token {token} must be in [-100, 100], got {bias}"
                 )
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if self.min_tokens < 0 or (
+            self.max_tokens is not None and self.min_tokens > self.max_tokens
+        ):
             raise InvalidSamplingParams(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
             )
         if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
             raise InvalidSamplingParams(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
+
+    @property
+    def token_limit(self) -> int:
+        """``max_tokens`` once the engine has resolved it (ENG-187).
+
+        Raises:
+            InvalidSamplingParams: ``max_tokens`` is still ``None``.
+        """
+        if self.max_tokens is None:
+            raise InvalidSamplingParams("max_tokens=None is resolved by the engine")
+        return self.max_tokens
 
     @property
     def greedy(self) -> bool:

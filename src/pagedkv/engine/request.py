@@ -68,6 +68,14 @@ class Request:
     step_failures: int = 0
     #: Why it failed, once finished with reason ``error``.
     error: str | None = None
+    #: Its priority under the ``priority`` scheduling policy: lower values are admitted first
+    #: and preempted last (ENG-189).
+    priority: int = 0
+
+    @property
+    def priority_key(self) -> tuple[int, float]:
+        """Its place under the ``priority`` policy: priority, then arrival (ENG-189)."""
+        return (self.priority, self.arrival_time)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

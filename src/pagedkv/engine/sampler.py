@@ -49,15 +49,36 @@ class Sampled:
         logprob: its log-probability under the raw distribution.
         top: the ``params.logprobs`` most likely ``(token, logprob)`` pairs, most likely first;
             empty when not asked for.
+        rank: the token's rank in the raw distribution (1 + the tokens strictly more likely),
+            where the row asked for log-probabilities (vLLM's ``Logprob.rank``, ENG-186).
     """
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...]
+    rank: int | None = None
 
     def token_logprobs(self) -> TokenLogprobs:
         """The entry a request's ``logprobs`` keeps for this position."""
-        return TokenLogprobs(self.token_id, self.logprob, self.top)
+        return TokenLogprobs(self.token_id, self.logprob, self.top, self.rank)
+
+
+def _ranks(
+    values: torch.Tensor, tokens: torch.Tensor, rows: Sequence[SampleRow]
+) -> list[int | None]:
+    """Each chosen token's rank in its row of ``values`` (logits or log-probabilities: the
+    same order), for the rows asking for log-probabilities; ``None`` for the others."""
+    want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    ranks: list[int | None] = [None] * len(rows)
+    if not want:
+        return ranks
+    picked = torch.tensor(want, dtype=torch.int64)
+    chosen_rows = values.index_select(0, picked)
+    chosen = chosen_rows.gather(1, tokens.index_select(0, picked).unsqueeze(1))
+    counts = (chosen_rows > chosen).sum(dim=1).tolist()
+    for i, count in zip(want, counts, strict=True):
+        ranks[i] = int(count) + 1
+    return ranks
 
 
 def _saturated(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -222,9 +243,10 @@ def sample_rows(
     raw = torch.log_softmax(logits, dim=1)
     chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
     tops = top_logprobs(raw, [r.params.logprobs or 0 for r in rows])
+    ranks = _ranks(raw, tokens, rows)
     return [
-        Sampled(int(t), float(lp), top)
-        for t, lp, top in zip(tokens.tolist(), chosen, tops, strict=True)
+        Sampled(int(t), float(lp), top, rank)
+        for t, lp, top, rank in zip(tokens.tolist(), chosen, tops, ranks, strict=True)
     ]
 
 
@@ -268,8 +290,12 @@ def _sample_summarised(
     # Every row greedy: each token holds its row's largest value, so its log-probability
     # (x[t] - largest) - log_sum is 0.0 - log_sum, to the bit, where that value is finite.
     if not random and all(math.isfinite(value) for value in summary.largest.tolist()):
-        greedy = zip(summary.index.tolist(), summary.log_sum.tolist(), strict=True)
-        return [Sampled(t, 0.0 - s, ()) for t, s in greedy]
+        greedy = zip(summary.index.tolist(), summary.log_sum.tolist(), rows, strict=True)
+        # the argmax: no token is strictly more likely
+        return [
+            Sampled(t, 0.0 - s, (), None if row.params.logprobs is None else 1)
+            for t, s, row in greedy
+        ]
     tokens = summary.index.clone()
     if random:
         picked = torch.tensor(random, dtype=torch.int64)
@@ -278,7 +304,11 @@ def _sample_summarised(
         )
         tokens.index_copy_(0, picked, _draw(probs, [rows[i].generator for i in random]))
     chosen = summary.logprobs(logits, tokens).tolist()
-    return [Sampled(int(t), float(lp), ()) for t, lp in zip(tokens.tolist(), chosen, strict=True)]
+    ranks = _ranks(logits, tokens, rows)
+    return [
+        Sampled(int(t), float(lp), (), rank)
+        for t, lp, rank in zip(tokens.tolist(), chosen, ranks, strict=True)
+    ]
 
 
 def _controlled(rows: Sequence[SampleRow]) -> bool:

@@ -36,52 +36,108 @@ class Tokenizer:
         value = self._tok.eos_token_id
         return None if value is None else int(value)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, without special tokens added."""
-        return [int(t) for t in self._tok.encode(text, add_special_tokens=False)]
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``, without special tokens added unless ``add_special_tokens``
+        (the tokenizer's BOS, where it has one)."""
+        return [int(t) for t in self._tok.encode(text, add_special_tokens=add_special_tokens)]
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of ``token_ids``, special tokens skipped."""
-        return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids``, special tokens skipped unless ``skip_special_tokens`` is
+        false."""
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     @property
     def hf(self) -> Any:
         """The underlying Hugging Face tokenizer (what vLLM's ``get_tokenizer`` returns)."""
         return self._tok
 
-    def incremental_decoder(self, *, window: bool = False) -> DecodeStep:
+    def incremental_decoder(
+        self, *, window: bool = False, skip_special_tokens: bool = True
+    ) -> DecodeStep:
         """A fresh decoder of one token stream: O(1) work per token, special tokens skipped
-        (``DecodeStream`` for a fast tokenizer; a sliding window otherwise, or when asked)."""
+        unless ``skip_special_tokens`` is false (``DecodeStream`` for a fast tokenizer; a
+        sliding window otherwise, or when asked)."""
         backend = getattr(self._tok, "backend_tokenizer", None)
         if backend is not None and not window:
-            return DecodeStreamDecoder(backend)
-        return WindowDecoder(self.decode)
+            return DecodeStreamDecoder(backend, skip_special_tokens)
+        return WindowDecoder(lambda ids: self.decode(ids, skip_special_tokens))
+
+    def use_chat_template(self, template: str) -> None:
+        """Render every chat through ``template`` (a Jinja template, or a file holding one)
+        instead of the model's own: vLLM's ``chat_template`` engine argument (ENG-180)."""
+        path = Path(template)
+        if "{" not in template and path.is_file():
+            template = path.read_text(encoding="utf-8")
+        self._tok.chat_template = template
 
     def apply_chat_template(
-        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+        self,
+        messages: Sequence[Message],
+        template_kwargs: Mapping[str, object] | None = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[int]:
-        """Token ids of a chat prompt ending with the assistant's turn opened.
+        """Token ids of a chat prompt ending with the assistant's turn opened (unless
+        ``add_generation_prompt`` is false, or ``continue_final_message`` leaves the last
+        assistant message open to be continued; vLLM's arguments, ENG-188).
 
         ``template_kwargs`` are further template variables (Qwen3's ``enable_thinking``); a key
         the template does not read, or one the renderer sets itself, raises
-        :class:`InvalidRequest` naming it.
+        :class:`InvalidRequest` naming it. ``chat_template`` replaces the model's template
+        for this call. ``add_special_tokens`` tokenizes the rendered text with the tokenizer's
+        special tokens (the server's field of that name).
+
+        Raises:
+            InvalidRequest: no template; both ``add_generation_prompt`` and
+                ``continue_final_message``; a bad template variable.
         """
-        return self.encode(self.render_chat_template(messages, template_kwargs))
+        return self.encode(
+            self.render_chat_template(
+                messages,
+                template_kwargs,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            ),
+            add_special_tokens,
+        )
 
     def render_chat_template(
-        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+        self,
+        messages: Sequence[Message],
+        template_kwargs: Mapping[str, object] | None = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> str:
-        """The text of a chat prompt ending with the assistant's turn opened: what
-        :meth:`apply_chat_template` encodes (see there)."""
-        if not self.has_chat_template:
+        """The text of a chat prompt: what :meth:`apply_chat_template` encodes (see there)."""
+        if chat_template is None and not self.has_chat_template:
             raise InvalidRequest("this model's tokenizer has no chat template")
+        if add_generation_prompt and continue_final_message:
+            raise InvalidRequest(
+                "continue_final_message continues the last message: it takes "
+                "add_generation_prompt=False"
+            )
         kwargs = dict(template_kwargs or {})
         if kwargs:
-            template = self._tok.chat_template
+            template = chat_template if chat_template is not None else self._tok.chat_template
             sources = template.values() if isinstance(template, dict) else [template]
             check_template_kwargs([str(t) for t in sources], kwargs)
+        extra: dict[str, Any] = {}
+        if chat_template is not None:
+            extra["chat_template"] = chat_template
+        if continue_final_message:
+            extra["continue_final_message"] = True
         text = self._tok.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, **kwargs
+            list(messages),
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
+            **kwargs,
         )
         return str(text)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
 
 from pagedkv.device import DEFAULT_DEVICE, torch_device, torch_dtype
 from pagedkv.errors import CheckpointError
@@ -46,6 +47,7 @@ def load_model(
     tp_rank: int = 0,
     tp_size: int = 1,
     collectives: Collectives | None = None,
+    progress: bool | None = None,
 ) -> Qwen3ForCausalLM:
     """Load the checkpoint in ``model_dir`` for inference, or one tensor-parallel rank's shard
     of it.
@@ -60,6 +62,8 @@ def load_model(
         tp_size: ranks in the group; 1 loads the whole model.
         collectives: the group's collectives, which the shard's layers call (needed to run,
             not to load, a shard of a group of several).
+        progress: draw a progress bar over the tensors on stderr (SRV-122); ``None`` (the
+            default) draws it where stderr is a terminal, ``False`` never.
 
     Returns:
         The model in eval mode with ``requires_grad`` off on every parameter.
@@ -91,7 +95,13 @@ def load_model(
         if layout.vocab_stop - layout.vocab_start < layout.vocab_rows:
             _zero_vocab_padding(model)
         params = dict(model.named_parameters())
-        for piece in pieces:
+        bar = tqdm(
+            pieces,
+            desc="loading weights",
+            unit="tensor",
+            disable=None if progress is None else not progress,
+        )
+        for piece in bar:
             path = locations[piece.tensor]
             with torch.no_grad():
                 params[piece.param][piece.index].copy_(_read(handles[path], piece, path))

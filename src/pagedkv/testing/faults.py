@@ -247,24 +247,53 @@ class FaultyTokenizer(Tokenizer):
     def eos_token_id(self) -> int | None:
         return self._inner.eos_token_id
 
-    def encode(self, text: str) -> list[int]:
-        return self._inner.encode(text)
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._inner.encode(text, add_special_tokens)
 
-    def decode(self, token_ids: Sequence[int]) -> str:
+    def use_chat_template(self, template: str) -> None:
+        self._inner.use_chat_template(template)
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         if self._fails(token_ids):
             self.faults += 1
             raise InjectedFault(f"injected fault decoding {list(token_ids)[:8]}")
-        return self._inner.decode(token_ids)
+        return self._inner.decode(token_ids, skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+        self,
+        messages: Sequence[Message],
+        template_kwargs: Mapping[str, object] | None = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[int]:
-        return self._inner.apply_chat_template(messages, template_kwargs)
+        return self._inner.apply_chat_template(
+            messages,
+            template_kwargs,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            add_special_tokens=add_special_tokens,
+        )
 
     def render_chat_template(
-        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+        self,
+        messages: Sequence[Message],
+        template_kwargs: Mapping[str, object] | None = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> str:
-        return self._inner.render_chat_template(messages, template_kwargs)
+        return self._inner.render_chat_template(
+            messages,
+            template_kwargs,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
 
     def bytes_per_token(self) -> int | None:
         return self._inner.bytes_per_token()
@@ -276,9 +305,11 @@ class FaultyTokenizer(Tokenizer):
     def hf(self) -> Any:
         return self._inner.hf
 
-    def incremental_decoder(self, *, window: bool = False) -> DecodeStep:
+    def incremental_decoder(
+        self, *, window: bool = False, skip_special_tokens: bool = True
+    ) -> DecodeStep:
         """Decodes through :meth:`decode`, so that its faults reach the text."""
-        return WindowDecoder(self.decode)
+        return WindowDecoder(lambda ids: self.decode(ids, skip_special_tokens))
 
 
 class IdTokenizer(Tokenizer):
@@ -296,19 +327,35 @@ class IdTokenizer(Tokenizer):
     def eos_token_id(self) -> int | None:
         return None
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [int(word) for word in text.split()]
 
-    def decode(self, token_ids: Sequence[int]) -> str:
+    def use_chat_template(self, template: str) -> None:
+        raise InvalidRequest("this tokenizer takes no chat template")
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return "".join(f"{t} " for t in token_ids)
 
     def apply_chat_template(
-        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+        self,
+        messages: Sequence[Message],
+        template_kwargs: Mapping[str, object] | None = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[int]:
         raise InvalidRequest("this tokenizer has no chat template")
 
     def render_chat_template(
-        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+        self,
+        messages: Sequence[Message],
+        template_kwargs: Mapping[str, object] | None = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> str:
         raise InvalidRequest("this tokenizer has no chat template")
 
@@ -325,5 +372,7 @@ class IdTokenizer(Tokenizer):
         """No Hugging Face tokenizer stands behind this one."""
         return None
 
-    def incremental_decoder(self, *, window: bool = False) -> DecodeStep:
+    def incremental_decoder(
+        self, *, window: bool = False, skip_special_tokens: bool = True
+    ) -> DecodeStep:
         return WindowDecoder(self.decode)

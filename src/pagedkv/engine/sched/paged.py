@@ -81,7 +81,7 @@ class PagedScheduler(Scheduler):
             try:
                 return self.kv.grow(self._seq_id(request), num_tokens)
             except OutOfPages:
-                victim = self.running[-1]
+                victim = self.preemption_victim()
                 self._preempt(victim)
                 out.append(victim)
                 if victim is request:
@@ -118,7 +118,7 @@ class PagedScheduler(Scheduler):
         request.status = RequestStatus.WAITING
         request.preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self.requeue(request)
 
     def build_plan(self, scheduled: SchedulerOutput, device: torch.device) -> StepPlan:
         chunks = [c.seq_chunk() for c in scheduled.chunks]

@@ -63,8 +63,31 @@ class Scheduler(ABC):
         self._testing: tuple[Request, ...] | None = None
 
     def add(self, request: Request) -> None:
-        """Queue a new request (FCFS)."""
-        self.waiting.append(request)
+        """Queue a new request: last (``fcfs``), or behind every waiting request of lower or
+        equal priority key (``priority``, ENG-189)."""
+        self.requeue(request, new=True)
+
+    def requeue(self, request: Request, *, new: bool = False) -> None:
+        """Put ``request`` in the waiting queue: a preempted one at the head under ``fcfs``
+        (it arrived before everything waiting), by its priority key under ``priority``."""
+        if self.config.scheduling_policy == "priority":
+            key = request.priority_key
+            index = next(
+                (i for i, w in enumerate(self.waiting) if w.priority_key > key),
+                len(self.waiting),
+            )
+            self.waiting.insert(index, request)
+        elif new:
+            self.waiting.append(request)
+        else:
+            self.waiting.appendleft(request)
+
+    def preemption_victim(self) -> Request:
+        """The running request to preempt when one must go: the most recently admitted
+        (``fcfs``), or the one of highest priority key (``priority``, ENG-189)."""
+        if self.config.scheduling_policy == "priority":
+            return max(self.running, key=lambda r: r.priority_key)
+        return self.running[-1]
 
     def has_work(self) -> bool:
         """Whether any request is waiting or running."""
@@ -199,7 +222,7 @@ class Scheduler(ABC):
         if token in params.stop_token_ids:
             request.stop_reason = token
             return FinishReason.STOP
-        if request.num_output_tokens >= params.max_tokens:
+        if request.num_output_tokens >= params.token_limit:
             return FinishReason.LENGTH
         if request.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH

@@ -1,5 +1,11 @@
 """Command-line flags shared by the commands that build an engine, and the engine they build.
 
+The flags are generated from the one table of engine arguments,
+:data:`pagedkv.engine.engine_args.ENGINE_ARGS`, under vLLM's names (``--max-model-len``,
+``--gpu-memory-utilization``, ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``, ...),
+so ``LLM(...)`` and the command line take the same arguments (ENG-180, SRV-120). pagedkv's
+older spellings (``--page-size``, ``--no-prefix-caching``) still work.
+
 Heavy modules (torch, transformers) are imported only when an engine is actually loaded, so
 ``--help`` and flag errors stay fast.
 """
@@ -7,19 +13,24 @@ Heavy modules (torch, transformers) are imported only when an engine is actually
 from __future__ import annotations
 
 import argparse
+import json
 import textwrap
+from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from pagedkv.device import DEFAULT_DEVICE
+from pagedkv.engine.engine_args import ENGINE_ARGS, EngineArgs
 
 if TYPE_CHECKING:
     from pagedkv.engine.config import EngineConfig
     from pagedkv.interfaces import Engine
 
-DTYPES = ("float32", "bfloat16", "float16", "auto")
 #: Width of wrapped help text, characters.
 HELP_WIDTH = 79
+#: Each engine argument's default, by name.
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(EngineArgs) if f.default is not MISSING
+}
 
 
 def wrap(text: str) -> str:
@@ -27,85 +38,143 @@ def wrap(text: str) -> str:
     return textwrap.fill(text, HELP_WIDTH)
 
 
-def add_model_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        metavar="DIR",
-        default=None,
-        help="Hugging Face format Qwen3 directory (config.json, *.safetensors, tokenizer "
-        "files); default: the small model embedded in pagedkv",
+def add_model_flag(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    """``--model DIR``; with ``positional``, also ``MODEL`` as the first argument (as ``vllm
+    serve MODEL``)."""
+    help_text = (
+        "Hugging Face format Qwen3 directory (config.json, *.safetensors, tokenizer files) or "
+        "a hub id in the local Hugging Face cache; default: the small model embedded in pagedkv"
     )
+    if positional:
+        parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help=help_text)
+    parser.add_argument("--model", metavar="DIR", default=None, help=help_text)
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """The KV pool, batching budgets, dtype and device flags (see ``EngineConfig``)."""
-    group = parser.add_argument_group("engine")
-    group.add_argument(
-        "--page-size",
-        type=int,
-        default=16,
-        metavar="N",
-        help="token positions per KV page (default 16)",
-    )
-    group.add_argument(
-        "--num-pages", type=int, default=512, metavar="N", help="KV pages in the pool (default 512)"
-    )
-    group.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=64,
-        metavar="N",
-        help="most sequences in one step (default 64)",
-    )
-    group.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=512,
-        metavar="N",
-        help="most token positions computed in one step; longer prompts are prefilled in "
-        "chunks (default 512)",
-    )
-    group.add_argument(
-        "--max-model-len",
-        type=int,
-        default=2048,
-        metavar="N",
-        help="most positions one sequence may reach, prompt included (default 2048)",
-    )
-    group.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default="float32",
-        help="parameter dtype; auto takes the checkpoint's (config.json dtype or torch_dtype) "
-        "(default float32)",
-    )
-    group.add_argument(
-        "--device",
-        default=DEFAULT_DEVICE,
-        help=f"torch device, e.g. cpu or cuda:0 (default {DEFAULT_DEVICE})",
-    )
-    group.add_argument(
-        "--no-prefix-caching",
-        action="store_true",
-        help="do not reuse cached KV pages across requests",
-    )
-    group.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        default=1,
-        metavar="N",
-        help="split the model over N ranks: N-1 worker processes on this machine (gloo on "
-        "cpu, NCCL on cuda), or the ranks of a torchrun launch (default 1)",
-    )
-    group.add_argument(
-        "--max-step-retries",
-        type=int,
-        default=2,
-        metavar="N",
-        help="times a request whose step failed with it running alone is run again before it "
-        "fails; a failed step of several requests counts against none of them, its requests "
-        "being run again in halves to find the cause (default 2)",
-    )
+def _embedded_context() -> str:
+    """The embedded model's context length, for ``--help`` (read from its config.json)."""
+    try:
+        from pagedkv.model_source import resolve_model
+
+        config = json.loads((resolve_model(None) / "config.json").read_text(encoding="utf-8"))
+        return f"; {int(config['max_position_embeddings'])} for the embedded model"
+    except Exception:  # --help must not fail on a broken install
+        return ""
+
+
+def _default_text(name: str) -> str:
+    """The effective default of an engine argument, as ``--help`` shows it (SRV-120)."""
+    if name == "max_model_len":
+        return f"default: the model's max_position_embeddings{_embedded_context()}"
+    if name == "num_pages":
+        return (
+            "default: sized by --kv-cache-memory-bytes, by --gpu-memory-utilization on CUDA, "
+            "by VLLM_CPU_KVCACHE_SPACE on the CPU, else 512"
+        )
+    if name == "served_model_name":
+        return "default: the model directory's name, the hub id, or pagedkv-default"
+    if name == "tokenizer":
+        return "default: the model's"
+    value = _DEFAULTS.get(name)
+    if value is None:
+        return "default: none"
+    if isinstance(value, bool):
+        return f"default: {'on' if value else 'off'}"
+    return f"default: {value}"
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, *, serve: bool = False) -> None:
+    """The engine arguments as flags (ENG-180); ``serve`` adds those only the server uses.
+    A flag the command already defines for another purpose (``generate``'s per-request
+    ``--seed``) is left to it."""
+    group = parser.add_argument_group("engine (vLLM's engine arguments)")
+    taken = set(parser._option_string_actions)
+    for spec in ENGINE_ARGS:
+        flag = "--" + spec.name.replace("_", "-")
+        if (spec.serve_only and not serve) or flag in taken:
+            continue
+        help_text = f"{spec.help} ({_default_text(spec.name)})"
+        if spec.parse is None:
+            if spec.name == "enable_prefix_caching":
+                group.add_argument(
+                    flag,
+                    dest=spec.name,
+                    action=argparse.BooleanOptionalAction,
+                    default=_DEFAULTS[spec.name],
+                    help=help_text,
+                )
+                group.add_argument(
+                    "--no-prefix-caching",
+                    dest=spec.name,
+                    action="store_false",
+                    help="the same as --no-enable-prefix-caching",
+                )
+            else:
+                group.add_argument(flag, dest=spec.name, action="store_true", help=help_text)
+            continue
+        names = [flag, "--page-size"] if spec.name == "block_size" else [flag]
+        group.add_argument(
+            *names,
+            dest=spec.name,
+            type=_flag_type(spec.name, spec.parse),
+            default=_DEFAULTS.get(spec.name),
+            metavar=spec.metavar,
+            choices=spec.choices,
+            help=help_text,
+        )
+
+
+def _flag_type(name: str, parse: Any) -> Any:
+    """``parse`` with its ``ValueError`` turned into argparse's message naming the value."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc) or f"invalid {name}: {text!r}") from None
+
+    convert.__name__ = name
+    return convert
+
+
+def seed_flag(text: str) -> int:
+    """A ``--seed`` value: an integer in ``[0, 2**64 - 1]``, what the API takes (SRV-119)."""
+    from pagedkv.engine.engine_args import parse_seed
+
+    try:
+        return parse_seed(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def model_of(args: argparse.Namespace) -> str | None:
+    """The model the command line names: ``MODEL`` or ``--model`` (both: the same).
+
+    Raises:
+        InvalidRequest: both given and different.
+    """
+    from pagedkv.errors import InvalidRequest
+
+    positional: str | None = getattr(args, "model_tag", None)
+    if positional is not None and args.model is not None and positional != args.model:
+        raise InvalidRequest(f"the model is given twice: {positional!r} and --model {args.model!r}")
+    given: str | None = args.model
+    return positional if positional is not None else given
+
+
+def engine_args(args: argparse.Namespace) -> EngineArgs:
+    """The :class:`EngineArgs` the flags ask for.
+
+    Raises:
+        InvalidRequest: a value is out of range; the message names the field.
+    """
+    given = {
+        spec.name: getattr(args, spec.name) for spec in ENGINE_ARGS if hasattr(args, spec.name)
+    }
+    if getattr(args, "generation_config", None) is not None:
+        given["generation_config"] = args.generation_config
+    if "seed" in given and not isinstance(given["seed"], int):
+        del given["seed"]
+    return EngineArgs(model=model_of(args), **given)
 
 
 def resolve_model_dir(value: str | None) -> Path:
@@ -121,50 +190,26 @@ def resolve_model_dir(value: str | None) -> Path:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    """The engine configuration the flags ask for.
+    """The engine configuration the flags ask for, for the model they name.
 
     Raises:
         InvalidRequest: a value is out of range; the message names the field.
     """
-    from pagedkv.engine.config import EngineConfig
-
-    return EngineConfig(
-        page_size=args.page_size,
-        num_pages=args.num_pages,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_caching,
-        max_step_retries=args.max_step_retries,
-    )
+    chosen = engine_args(args)
+    return chosen.engine_config(resolve_model_dir(chosen.model))
 
 
-def load_engine(
-    model_dir: Path,
-    config: EngineConfig,
-    args: argparse.Namespace,
-    generation_config: str = "auto",
-) -> Engine:
-    """Load the checkpoint in ``model_dir`` with ``--dtype`` and ``--device``; the sampling
-    defaults of ``generation_config`` (``auto``, ``vllm`` or a directory, see
-    :meth:`~pagedkv.engine.generation_config.GenerationDefaults.load`) apply to requests that
-    leave a field out (``generate`` passes every field, so it takes none).
+def load_engine(args: argparse.Namespace) -> Engine:
+    """Load the engine the flags describe (``load_engine_from_args``).
 
     Raises:
         CheckpointError: a missing or malformed file (``UnsupportedModel`` for an architecture
             pagedkv does not implement).
-        InvalidRequest: a bad dtype or device.
+        InvalidRequest: a bad dtype, device or engine argument.
     """
-    from pagedkv.backend import load_engine as load_reference_engine
+    from pagedkv.engine.engine_args import load_engine_from_args
 
-    return load_reference_engine(
-        model_dir,
-        config,
-        dtype=args.dtype,
-        device=args.device,
-        generation_config=generation_config,
-        tensor_parallel_size=args.tensor_parallel_size,
-    )
+    return load_engine_from_args(engine_args(args))
 
 
 def close_engine(engine: Engine) -> None:

@@ -14,9 +14,9 @@ from pagedkv.entrypoints.cli.engine_args import (
     add_engine_flags,
     add_model_flag,
     close_engine,
-    engine_config,
+    engine_args,
     load_engine,
-    resolve_model_dir,
+    seed_flag,
     wrap,
 )
 from pagedkv.errors import InvalidRequest
@@ -89,7 +89,13 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
     sampling.add_argument("--top-p", type=float, default=1.0, metavar="P", help="in (0, 1]")
     sampling.add_argument("--top-k", type=int, default=0, metavar="K", help="0 keeps all")
     sampling.add_argument("--min-p", type=float, default=0.0, metavar="P", help="in [0, 1]")
-    sampling.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    sampling.add_argument(
+        "--seed",
+        type=seed_flag,
+        default=None,
+        metavar="N",
+        help="per-request sampling seed, in [0, 2**64 - 1]",
+    )
     sampling.add_argument(
         "--stop", action="append", default=[], metavar="TEXT", help="stop string; repeatable"
     )
@@ -228,10 +234,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``generate``; returns the exit status. Flags and prompts are checked before the
     model is loaded."""
     params = sampling_params(args)
-    config = engine_config(args)
-    model_dir = resolve_model_dir(args.model)
+    engine_args(args)  # checked before the model loads
     records = read_prompts(args, sys.stdin)
-    engine = load_engine(model_dir, config, args)
+    engine = load_engine(args)
     try:
         return _generate(args, engine, records, params)
     finally:

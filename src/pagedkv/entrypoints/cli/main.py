@@ -81,8 +81,15 @@ def _one_line(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status."""
+    from pagedkv.entrypoints.cli.config_file import expand_config
+    from pagedkv.errors import InvalidRequest
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        expanded = expand_config(sys.argv[1:] if argv is None else argv)
+    except InvalidRequest as exc:
+        parser.error(str(exc))
+    args = parser.parse_args(expanded)
     try:
         status: int = args.handler(args)
     except KeyboardInterrupt:

@@ -12,9 +12,9 @@ from pagedkv.entrypoints.cli.engine_args import (
     add_engine_flags,
     add_model_flag,
     close_engine,
-    engine_config,
+    engine_args,
     load_engine,
-    resolve_model_dir,
+    model_of,
     wrap,
 )
 from pagedkv.entrypoints.server.admission import (
@@ -47,8 +47,13 @@ endpoints:
   GET /v1/models, POST /tokenize, POST /detokenize, GET /version, GET /health,
   GET /metrics (Prometheus text format, vLLM's metric names)
 
+The engine flags are vLLM's engine arguments; --config FILE reads them from a YAML
+file (keys as vLLM's: max_model_len, or max-model-len), flags given on the command
+line win.
+
 example:
   pagedkv serve --port 8000 &
+  pagedkv serve ./Qwen3-0.6B --max-model-len 4096 --dtype bfloat16 &
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
     -d '{"prompt": "def main():", "max_tokens": 32}'
 """
@@ -65,11 +70,18 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_flag(parser)
+    add_model_flag(parser, positional=True)
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="a YAML file of flags, keys the flags' names (with _ or -), as vLLM's --config; "
+        "flags on the command line win",
+    )
     _add_http_flags(parser)
     _add_admission_flags(parser)
     _add_auth_flags(parser)
-    add_engine_flags(parser)
+    add_engine_flags(parser, serve=True)
     parser.add_argument(
         "--generation-config",
         metavar="SOURCE",
@@ -87,14 +99,6 @@ def _add_http_flags(parser: argparse.ArgumentParser) -> None:
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
     )
     http.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    http.add_argument(
-        "--served-model-name",
-        metavar="NAME",
-        default=None,
-        help="the model name in responses and /v1/models; a request's 'model' may be absent "
-        "or this name (default: the model directory's name, or pagedkv-default for the "
-        "embedded model)",
-    )
     http.add_argument(
         "--max-body-bytes",
         type=int,
@@ -249,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
     from pagedkv.assets import DEFAULT_MODEL_NAME
     from pagedkv.entrypoints.server.app import create_app
     from pagedkv.entrypoints.server.http import HTTPOptions, Server
+    from pagedkv.entrypoints.server.listen import bind_listener
 
     if args.max_body_bytes < 1:
         raise InvalidRequest(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
@@ -261,20 +266,28 @@ def run(args: argparse.Namespace) -> int:
         shutdown_timeout_s=args.shutdown_timeout,
         log_level=args.log_level,
     )
-    config = engine_config(args)
-    model_dir = resolve_model_dir(args.model)
+    engine_args(args)  # every flag checked before anything is bound or loaded
+    model = model_of(args)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("pagedkv.server")
     logging.getLogger("pagedkv").setLevel(args.log_level.upper())
-    engine = load_engine(model_dir, config, args, args.generation_config)
+    listener = bind_listener(options.host, options.port)  # a busy port fails before the load
+    try:
+        # the loader draws its progress bar where stderr is a terminal (SRV-122); no log line
+        # here, so that an error while loading stays the one line on stderr (SRV-044)
+        engine = load_engine(args)
+    except BaseException:
+        listener.close()
+        raise
     name = args.served_model_name or DEFAULT_MODEL_NAME
-    if args.model is not None:  # a hub id is served under its id, as vLLM does
-        name = model_dir.resolve().name if Path(args.model).is_dir() else args.model
+    if args.served_model_name is None and model is not None:
+        # a hub id is served under its id, as vLLM does
+        name = Path(model).resolve().name if Path(model).is_dir() else model
     try:
         app = create_app(engine, name, args.max_body_bytes, config=server_config)
-        logging.getLogger("pagedkv.server").info(
-            "listening on http://%s:%d/v1", options.host, options.port
-        )
-        Server(app, options).run()
+        log.info("listening on http://%s:%d/v1", options.host, options.port)
+        Server(app, options).run(sockets=[listener])
     finally:
+        listener.close()
         close_engine(engine)  # a tensor-parallel model's workers leave with the server
     return 0

@@ -121,6 +121,7 @@ class _Submit:
     deadline: float | None  # time.monotonic() seconds
     sink: _Sink
     accepted: concurrent.futures.Future[None]
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +300,9 @@ class AsyncEngine:
         fill_context: bool = False,
         token_texts: bool = False,
         cache_salt: str | None = None,
+        priority: int = 0,
+        add_special_tokens: bool = False,
+        request_id: str | None = None,
     ) -> GenerationStream:
         """Tokenize the prompts on the text worker, then queue one request per prompt, all or
         none.
@@ -311,6 +315,12 @@ class AsyncEngine:
             token_texts: decode the token ids of logprobs entries (see :class:`StreamItem`).
             cache_salt: the prefix-cache namespace of every prompt: pages are shared only
                 between requests with the same salt.
+            priority: every prompt's priority (the engine refuses one other than 0 unless it
+                schedules by priority, ENG-189).
+            add_special_tokens: text prompts are tokenized with the tokenizer's special
+                tokens.
+            request_id: the base of the engine's request ids (``ID-0``, ``ID-1``, ...; a
+                fresh one when ``None``); one still in use is refused by the engine.
 
         Raises:
             InvalidRequest: a prompt is invalid or can never fit (``RequestTooLong``; a text
@@ -330,11 +340,11 @@ class AsyncEngine:
         if isinstance(admitted, Refused):
             raise admitted.reason
         deadline = self.policy.deadline(time.monotonic())
-        token_ids = tuple([tuple(await self.text.tokenize(prompt)) for prompt in prompts])
+        token_ids = tuple([tuple(await self.text.tokenize(p, add_special_tokens)) for p in prompts])
         if not self.is_admitting:  # it stopped while the text worker ran
             raise EngineUnavailable("the server is shutting down")
         items: asyncio.Queue[StreamItem | BaseException] = asyncio.Queue()
-        base = uuid.uuid4().hex
+        base = request_id or uuid.uuid4().hex
         request_ids = tuple(f"{base}-{i}" for i in range(len(prompts)))
         accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
         sink = _Sink(asyncio.get_running_loop(), items)
@@ -348,6 +358,7 @@ class AsyncEngine:
             deadline,
             sink,
             accepted,
+            priority,
         )
         self._commands.put(command)
         stream = GenerationStream(self, request_ids, items, token_texts=token_texts)
@@ -469,9 +480,18 @@ class AsyncEngine:
                 if command.fill_context:
                     left = max(1, self._engine.max_model_len - len(token_ids))
                     params = dataclasses.replace(params, max_tokens=left)
-                self._engine.add_request(
-                    token_ids, params, request_id=request_id, cache_salt=command.cache_salt
-                )
+                if command.priority:  # engines without priority scheduling take none
+                    self._engine.add_request(
+                        token_ids,
+                        params,
+                        request_id=request_id,
+                        cache_salt=command.cache_salt,
+                        priority=command.priority,
+                    )
+                else:
+                    self._engine.add_request(
+                        token_ids, params, request_id=request_id, cache_salt=command.cache_salt
+                    )
                 added.append(request_id)
                 self._routes[request_id] = _Route(command.sink, index)
         except Exception as exc:  # typed engine errors, or a tokenizer's own

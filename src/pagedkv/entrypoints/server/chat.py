@@ -75,6 +75,8 @@ class Chat:
         prompt = ChatPrompt(
             tuple({"role": m.role, "content": m.text} for m in body.messages),
             body.chat_template_kwargs or {},
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
         )
         submission = Submission(
             [prompt],

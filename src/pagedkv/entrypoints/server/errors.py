@@ -25,7 +25,7 @@ from pagedkv.entrypoints.server.policy import (
 )
 from pagedkv.entrypoints.server.protocol import ErrorInfo, ErrorResponse
 from pagedkv.entrypoints.server.text_worker import TextTooLong
-from pagedkv.errors import InvalidRequest, RequestTooLong
+from pagedkv.errors import InvalidRequest, RequestTooLong, UnsupportedPriority
 
 E = TypeVar("E", bound=Exception)
 
@@ -77,6 +77,8 @@ def invalid_request_error(exc: InvalidRequest) -> APIError:
         return APIError(400, message, param=exc.param, code="context_length_exceeded")
     if isinstance(exc, RequestTooLong):
         return APIError(400, message, param="max_tokens", code="context_length_exceeded")
+    if isinstance(exc, UnsupportedPriority):
+        return APIError(400, message, param="priority", code="unsupported_field")
     if isinstance(exc, TooManyPrompts):
         return APIError(400, message, param="prompt", code="too_many_prompts")
     if isinstance(exc, InvalidSamplingParams):

@@ -20,7 +20,7 @@ from pagedkv.entrypoints.server.endpoint import Collected, Endpoint, ResponseHea
 from pagedkv.entrypoints.server.errors import APIError
 from pagedkv.entrypoints.server.gate import tenant
 from pagedkv.entrypoints.server.protocol import SamplingFields
-from pagedkv.entrypoints.server.request_checks import check_request
+from pagedkv.entrypoints.server.request_checks import check_fields, check_request, log_noted
 from pagedkv.entrypoints.server.state import ServerState, check_model, server_state
 from pagedkv.entrypoints.server.streaming import EventStream, events
 
@@ -42,18 +42,20 @@ async def generate(endpoint: Endpoint[BodyT], body: BodyT, request: Request) -> 
     _check_request(state, body)
     prepared = await endpoint.prepare(body, state)
     submission = prepared.submission
+    # a given request_id names the response, as vLLM's: cmpl-ID, chatcmpl-ID (SRV-118)
+    response_id = f"{endpoint.id_prefix}-{body.request_id or uuid.uuid4().hex}"
     stream = await state.engine.submit(
         submission.prompts,
         submission.params,
         fill_context=submission.fill_context,
         token_texts=submission.token_texts,
         cache_salt=state.policy.cache_salt(tenant(request), body.cache_salt),
+        priority=body.priority,
+        add_special_tokens=body.add_special_tokens,
+        request_id=response_id,
     )
-    head = ResponseHead(
-        id=f"{endpoint.id_prefix}-{uuid.uuid4().hex}",
-        created=int(time.time()),
-        model=state.model_name,
-    )
+    log_noted(body, response_id)
+    head = ResponseHead(id=response_id, created=int(time.time()), model=state.model_name)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = prepared.shape.chunks(head)
@@ -68,6 +70,7 @@ async def generate(endpoint: Endpoint[BodyT], body: BodyT, request: Request) -> 
 def _check_request(state: ServerState, body: SamplingFields) -> None:
     """Refuse what neither endpoint serves: invalid text, unsupported fields, another model,
     or a streamed ``best_of`` other than ``n``."""
+    check_fields(body)  # first: a refused part's own fields are not reported as ignored
     check_request(body)
     check_model(state, body.model)
     if body.stream and body.best_of is not None and body.best_of != body.n:

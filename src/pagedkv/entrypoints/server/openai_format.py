@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from pagedkv.engine.generation_config import GenerationDefaults
-from pagedkv.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from pagedkv.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedkv.engine.params import MAX_LOGIT_BIAS, InvalidSamplingParams, SamplingParams
 from pagedkv.entrypoints.server.async_engine import PromptInput
 from pagedkv.entrypoints.server.protocol import (
@@ -130,15 +130,15 @@ def usage(outputs: Iterable[RequestOutput]) -> Usage:
     )
 
 
-def new_logprobs(completion: CompletionOutput) -> tuple[TokenLogprobs, ...]:
+def new_logprobs(completion: CompletionOutput) -> list[PositionLogprobs]:
     """The logprobs entries of the tokens this output added to a completion."""
     if completion.logprobs is None or not completion.new_token_ids:
-        return ()
+        return []
     return completion.logprobs[-len(completion.new_token_ids) :]
 
 
 def completion_logprobs(
-    entries: Sequence[TokenLogprobs], texts: Mapping[int, str], offset: int
+    entries: Sequence[PositionLogprobs], texts: Mapping[int, str], offset: int
 ) -> CompletionLogprobs:
     """Legacy completions logprobs of ``entries``; ``offset`` is the text offset (characters)
     of the first entry's token within the choice's text."""
@@ -157,7 +157,7 @@ def completion_logprobs(
 
 def echo_logprobs(
     prompt_ids: Sequence[int],
-    prompt_entries: Sequence[TokenLogprobs | None] | None,
+    prompt_entries: Sequence[PositionLogprobs | None] | None,
     texts: Mapping[int, str],
 ) -> CompletionLogprobs:
     """The legacy logprobs of an echoed prompt: its tokens, the first without a value."""
@@ -208,7 +208,7 @@ def prompt_logprobs(output: RequestOutput, texts: Mapping[int, str]) -> PromptLo
     return result
 
 
-def chat_logprobs(entries: Sequence[TokenLogprobs], texts: Mapping[int, str]) -> ChoiceLogprobs:
+def chat_logprobs(entries: Sequence[PositionLogprobs], texts: Mapping[int, str]) -> ChoiceLogprobs:
     """Chat logprobs of ``entries``: token text, logprob, UTF-8 bytes and top alternatives."""
     content: list[TokenLogprob] = []
     for entry in entries:

@@ -13,16 +13,28 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pagedkv.errors import InvalidRequest
+
 #: ``json_schema_extra`` key of a refused field: why it is refused.
 REFUSED = "x-pagedkv-refused"
 #: ``json_schema_extra`` key of a refused field's neutral values, which are accepted.
 NEUTRAL = "x-pagedkv-neutral"
+#: ``json_schema_extra`` key of a noted field: one OpenAI defines as naming the caller for its
+#: records (``user``, ``metadata``, ...), which changes no output; it is logged with the
+#: request's id (SRV-118).
+NOTED = "x-pagedkv-noted"
 
 
 def refused(reason: str, *neutral: Any) -> Any:
     """A declared field pagedkv does not implement: absent, ``None`` or one of ``neutral`` it
     is accepted (it changes nothing), anything else is answered 400 naming it."""
     return Field(default=None, json_schema_extra={REFUSED: reason, NEUTRAL: list(neutral)})
+
+
+def noted(what: str) -> Any:
+    """A declared field that changes no output by OpenAI's definition (it names the caller for
+    their records): accepted and logged with the request's id."""
+    return Field(default=None, json_schema_extra={NOTED: what})
 
 
 #: Largest seed a request may give: ``torch.Generator`` takes unsigned 64-bit seeds.
@@ -59,6 +71,12 @@ class SamplingFields(_Request):
         cache_salt: a prefix-cache namespace: KV pages are shared only between requests with
             the same salt (and, under per-key salting, the same API key). Use a long random
             secret per user or group that may see each other's prompts.
+        priority: the request's priority under ``--scheduling-policy priority`` (lower first);
+            under the default ``fcfs`` a value other than 0 is refused (SRV-118).
+        request_id: names the response: its ``id`` is the endpoint's prefix then this, as
+            vLLM's (``cmpl-ID``, ``chatcmpl-ID``).
+        add_special_tokens: tokenize the prompt with the tokenizer's special tokens added (its
+            BOS, for a tokenizer that has one); default ``false``.
     """
 
     model: str | None = None
@@ -82,6 +100,16 @@ class SamplingFields(_Request):
     stop_token_ids: list[TokenId] | None = None
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     include_stop_str_in_output: bool = False
+    priority: int = 0
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    add_special_tokens: bool = False
+    user: Any = noted("the end user's id")
+    metadata: Any = noted("the caller's tags")
+    safety_identifier: Any = noted("the end user's id for safety reports")
+    prompt_cache_key: Any = noted("the caller's cache key (prefix caching is automatic)")
+    length_penalty: Any = refused("beam search is not supported", 1, 1.0)
+    store: Any = refused("responses are not stored", False)
+    service_tier: Any = refused("there is one service tier", "auto", "default")
     response_format: Any = refused("structured output is not supported", {"type": "text"})
     use_beam_search: Any = refused("beam search is not supported", False)
     guided_json: Any = refused("guided decoding is not supported")
@@ -96,6 +124,10 @@ class SamplingFields(_Request):
     skip_special_tokens: Any = refused("special tokens are always skipped", True)
     spaces_between_special_tokens: Any = refused("special tokens are always skipped", True)
     return_tokens_as_token_ids: Any = refused("tokens are returned as text", False)
+    return_token_ids: Any = refused("token ids are not returned; use /tokenize", False)
+    mm_processor_kwargs: Any = refused("this model takes text only", {})
+    kv_transfer_params: Any = refused("KV transfer between servers is not supported")
+    vllm_xargs: Any = refused("custom extension arguments are not supported", {})
 
 
 class CompletionRequest(SamplingFields):
@@ -126,17 +158,62 @@ class TextPart(_Request):
     text: str
 
 
+#: Content part types of OpenAI's and vLLM's multimodal messages: refused, the model takes text
+#: only (SRV-118).
+MEDIA_PART_TYPES = (
+    "image_url",
+    "image",
+    "image_embeds",
+    "input_image",
+    "input_audio",
+    "audio_url",
+    "video_url",
+    "file",
+)
+
+
+class MediaPart(_Request):
+    """An image, audio, video or file part: declared so that it is refused with a clear
+    message (this model takes text only) rather than a schema error."""
+
+    type: Literal[
+        "image_url",
+        "image",
+        "image_embeds",
+        "input_image",
+        "input_audio",
+        "audio_url",
+        "video_url",
+        "file",
+    ]
+
+
 class ChatMessage(_Request):
     """One message of a conversation; content given as parts is joined into one text."""
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart]
+    content: str | list[TextPart | MediaPart]
+
+    def media_part(self) -> int | None:
+        """The index of the first non-text part, ``None`` when all are text."""
+        if isinstance(self.content, str):
+            return None
+        return next((i for i, p in enumerate(self.content) if isinstance(p, MediaPart)), None)
 
     @property
     def text(self) -> str:
+        """The content as one text.
+
+        Raises:
+            InvalidRequest: a part is not text (this model takes text only).
+        """
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        if self.media_part() is not None:
+            raise InvalidRequest(
+                "this model takes text only: image, audio and file parts are refused"
+            )
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -152,6 +229,9 @@ class ChatCompletionRequest(SamplingFields):
         chat_template_kwargs: further variables of the chat template, e.g.
             ``{"enable_thinking": false}`` for Qwen3; a key the template does not read is
             refused with 400.
+        add_generation_prompt: open the assistant's turn after the messages (vLLM's).
+        continue_final_message: leave the last (assistant) message open, to be continued;
+            it takes ``add_generation_prompt: false`` (both true is a 400), as vLLM's.
     """
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -165,13 +245,21 @@ class ChatCompletionRequest(SamplingFields):
     functions: Any = refused("function calling is not supported", [])
     function_call: Any = refused("function calling is not supported", "none")
     echo: Any = refused("echoing the last message is not supported", False)
-    continue_final_message: Any = refused("the assistant's turn is always opened anew", False)
-    add_generation_prompt: Any = refused("the assistant's turn is always opened", True)
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
     chat_template: Any = refused("only the model's own chat template is used")
     documents: Any = refused("documents are not supported")
     audio: Any = refused("audio output is not supported")
     modalities: Any = refused("only text output is supported", ["text"])
     prediction: Any = refused("predicted outputs are not supported")
+    reasoning_effort: Any = refused(
+        'Qwen3 thinks or not: use chat_template_kwargs {"enable_thinking": false}'
+    )
+    verbosity: Any = refused("verbosity is not supported")
+    web_search_options: Any = refused("web search is not supported")
+    moderation: Any = refused("moderation is not supported")
+    prompt_cache_options: Any = refused("prefix caching is automatic and not configurable")
+    prompt_cache_retention: Any = refused("prefix caching is automatic and not configurable")
 
 
 # -- responses ---------------------------------------------------------------------------------

@@ -16,7 +16,13 @@ from collections.abc import Iterator
 from pydantic import BaseModel
 
 from pagedkv.entrypoints.server.errors import APIError
-from pagedkv.entrypoints.server.protocol import NEUTRAL, REFUSED
+from pagedkv.entrypoints.server.protocol import (
+    NEUTRAL,
+    NOTED,
+    REFUSED,
+    ChatMessage,
+    SamplingFields,
+)
 
 logger = logging.getLogger("pagedkv.server")
 
@@ -95,6 +101,52 @@ def check_refused(body: BaseModel) -> None:
                 f"{name} is not supported by this server: {reason}",
                 param=name,
                 code="unsupported_field",
+            )
+
+
+def noted_fields(model: type[BaseModel]) -> dict[str, str]:
+    """The fields ``model`` declares as noted (SRV-118): name -> what they name."""
+    found: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        extra = field.json_schema_extra
+        if isinstance(extra, dict) and NOTED in extra:
+            found[name] = str(extra[NOTED])
+    return found
+
+
+def log_noted(body: BaseModel, response_id: str) -> None:
+    """Log the noted fields ``body`` sets (``user``, ``metadata``, ...) with the response's
+    id: what OpenAI defines them for, the caller's records."""
+    given = {n: getattr(body, n) for n in noted_fields(type(body)) if getattr(body, n) is not None}
+    if given:
+        shown = ", ".join(f"{name}={ascii(value)[:200]}" for name, value in sorted(given.items()))
+        logger.info("request %s: %s", response_id, shown)
+
+
+def check_fields(body: SamplingFields) -> None:
+    """What the schema cannot say about fields together (SRV-118).
+
+    Raises:
+        APIError: 400 naming the field: ``stream_options`` without ``stream: true``; a
+            message part that is not text.
+    """
+    if body.stream_options is not None and not body.stream:
+        raise APIError(
+            400,
+            "stream_options is only allowed with stream: true",
+            param="stream_options",
+            code="invalid_request",
+        )
+    messages: list[ChatMessage] = getattr(body, "messages", None) or []
+    for index, message in enumerate(messages):
+        part = message.media_part()
+        if part is not None:
+            raise APIError(
+                400,
+                "this model takes text only: image, audio, video and file content parts are "
+                "not supported",
+                param=f"messages.{index}.content.{part}",
+                code="unsupported_content",
             )
 
 

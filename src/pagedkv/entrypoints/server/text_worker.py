@@ -37,10 +37,14 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
     """A conversation, rendered through the tokenizer's chat template by the text worker,
-    with further template variables (``chat_template_kwargs``)."""
+    with further template variables (``chat_template_kwargs``), the assistant's turn opened
+    (``add_generation_prompt``) or its last message continued (``continue_final_message``,
+    SRV-118)."""
 
     messages: tuple[Message, ...]
     template_kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 #: What a request generates from: text, token ids, or a conversation.
@@ -106,9 +110,10 @@ class TextWorker:
                 param,
             )
 
-    async def tokenize(self, prompt: PromptInput) -> list[int]:
+    async def tokenize(self, prompt: PromptInput, add_special_tokens: bool = False) -> list[int]:
         """The token ids of ``prompt``: ids as given, a text encoded, a conversation rendered
-        and encoded, on the worker thread.
+        and encoded, on the worker thread; with ``add_special_tokens`` the tokenizer's special
+        tokens (its BOS, where it has one) are added to texts (SRV-118).
 
         Raises:
             TextTooLong: the text, or the rendered conversation, cannot fit (SRV-116).
@@ -119,13 +124,18 @@ class TextWorker:
         tokenizer = self._needed()
         if isinstance(prompt, str):
             self.check_size(prompt, "prompt")
-            return await self._run(lambda: tokenizer.encode(prompt))
+            return await self._run(lambda: tokenizer.encode(prompt, add_special_tokens))
         chat = prompt
 
         def render_and_encode() -> list[int]:
-            text = tokenizer.render_chat_template(chat.messages, chat.template_kwargs)
+            text = tokenizer.render_chat_template(
+                chat.messages,
+                chat.template_kwargs,
+                add_generation_prompt=chat.add_generation_prompt,
+                continue_final_message=chat.continue_final_message,
+            )
             self.check_size(text, "messages")
-            return tokenizer.encode(text)
+            return tokenizer.encode(text, add_special_tokens)
 
         return await self._run(render_and_encode)
 
