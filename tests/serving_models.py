@@ -34,7 +34,9 @@ CORPUS = (
 )
 
 
-def write_tokenizer(directory: Path, vocab_size: int = 320) -> int:
+def write_tokenizer(
+    directory: Path, vocab_size: int = 320, chat_template: str = CHAT_TEMPLATE
+) -> int:
     """Train a byte-level BPE tokenizer on :data:`CORPUS` into ``directory``; returns its
     vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -56,7 +58,7 @@ def write_tokenizer(directory: Path, vocab_size: int = 320) -> int:
         "pad_token": "<|endoftext|>",
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
         "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return int(tok.get_vocab_size())
@@ -68,6 +70,18 @@ def tiny_chat_model(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(directory)
     build_tiny_checkpoint(TinySpec(vocab=vocab, seed=7), directory)
+    return directory
+
+
+def tool_chat_model(directory: Path) -> Path:
+    """:func:`tiny_chat_model` with Qwen3's own chat template, which renders tools, tool
+    calls and tool results."""
+    from qwen3_template import QWEN3_CHAT_TEMPLATE
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(directory, chat_template=QWEN3_CHAT_TEMPLATE)
+    # Qwen3's tool prompt is some 600 of this small vocabulary's tokens.
+    build_tiny_checkpoint(TinySpec(vocab=vocab, seed=7, max_position_embeddings=2048), directory)
     return directory
 
 

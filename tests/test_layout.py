@@ -174,6 +174,7 @@ def test_the_protocols_import_nothing_above_them() -> None:
         "pagedkv.engine.outputs",
         "pagedkv.engine.params",
         "pagedkv.engine.prompts",
+        "pagedkv.engine.structured",
         "pagedkv.engine.text_bound",
         "pagedkv.engine.tokenizer",
     }

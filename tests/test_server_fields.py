@@ -10,6 +10,7 @@ coverage test fails when a request model gains a field that is in neither.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -424,7 +425,49 @@ def check_chat_template_kwargs(s: Served, e: str) -> None:
     assert error["param"] == "chat_template_kwargs"
 
 
+def _constrained(
+    field: str, value: Any, check: Callable[[str], object]
+) -> Callable[[Served, str], None]:
+    """A structured-output field holds: every text of n=3 samples at temperature 1 passes
+    ``check`` (the constraints themselves are tests/test_server_structured.py's)."""
+
+    def run(s: Served, e: str) -> None:
+        result = s.ask(e, n=3, temperature=1.0, seed=0, max_tokens=40, **{field: value})
+        for text in texts(result):
+            assert check(text), (field, text)
+
+    return run
+
+
+def _tools_need_a_template(field: str, value: Any) -> Callable[[Served, str], None]:
+    """This model's chat template never reads ``tools``: a request using the tool fields is
+    refused saying so (the fields at work on Qwen3's template are
+    tests/test_server_structured.py's, SRV-132..SRV-135)."""
+
+    def run(s: Served, e: str) -> None:
+        fields = {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"}
+        fields[field] = value
+        error = error_of(post_json_with(s, e, **fields), 400)
+        assert "render tools" in error["message"] or "tool" in str(error["param"])
+
+    return run
+
+
 SHARED: dict[str, Callable[[Served, str], None]] = {
+    "response_format": _constrained(
+        "response_format",
+        {"type": "json_schema", "json_schema": {"name": "yn", "schema": {"enum": ["yes", "no"]}}},
+        lambda t: json.loads(t) in ("yes", "no"),
+    ),
+    "structured_outputs": _constrained(
+        "structured_outputs", {"choice": ["alpha", "beta"]}, lambda t: t in ("alpha", "beta")
+    ),
+    "guided_json": _constrained("guided_json", {"enum": [1, 2]}, lambda t: json.loads(t) in (1, 2)),
+    "guided_regex": _constrained("guided_regex", "[0-9]{3}", lambda t: re.fullmatch("[0-9]{3}", t)),
+    "guided_choice": _constrained("guided_choice", ["up", "down"], lambda t: t in ("up", "down")),
+    "guided_grammar": _constrained(
+        "guided_grammar", 'start: "x" | "yz"', lambda t: t in ("x", "yz")
+    ),
     "model": check_model,
     "temperature": check_temperature,
     "top_p": check_top_p,
@@ -463,6 +506,9 @@ HONORED: dict[str, dict[str, Callable[[Served, str], None]]] = {
         "chat_template_kwargs": check_chat_template_kwargs,
         "add_generation_prompt": check_add_generation_prompt,
         "continue_final_message": check_continue_final_message,
+        "tools": _tools_need_a_template("tool_choice", "none"),
+        "tool_choice": _tools_need_a_template("tool_choice", "required"),
+        "parallel_tool_calls": _tools_need_a_template("parallel_tool_calls", False),
     },
 }
 

@@ -59,16 +59,22 @@ class ThreadRecorder(FaultyTokenizer):
         return super().decode(token_ids)
 
     def render_chat_template(
-        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+        self,
+        messages: Sequence[Message],
+        template_kwargs: Mapping[str, object] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
         self._record("render")
-        return super().render_chat_template(messages, template_kwargs)
+        return super().render_chat_template(messages, template_kwargs, tools)
 
     def apply_chat_template(
-        self, messages: Sequence[Message], template_kwargs: Mapping[str, object] | None = None
+        self,
+        messages: Sequence[Message],
+        template_kwargs: Mapping[str, object] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         self._record("apply_chat_template")
-        return super().apply_chat_template(messages, template_kwargs)
+        return super().apply_chat_template(messages, template_kwargs, tools)
 
     def incremental_decoder(self, *, window: bool = False) -> DecodeStep:
         return self._inner.incremental_decoder(window=window)

@@ -242,6 +242,7 @@ def test_without_a_parser_the_thinking_stays_in_the_content(
         "role": "assistant",
         "content": f"<think>{THOUGHT}</think>{ANSWER}",
         "reasoning_content": None,
+        "tool_calls": [],  # vLLM's message carries its (here no) tool calls
     }
     write_tokenizer(tmp_path)  # the tests' tokenizer, without think tokens
     engine = LLMEngine(ScriptRunner(8, {}), EngineConfig(mode="v0"), tokenizer=Tokenizer(tmp_path))

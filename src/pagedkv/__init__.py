@@ -18,6 +18,7 @@ __all__ = [
     "Logprob",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
     "TextPrompt",
     "TokensPrompt",
 ]
@@ -30,12 +31,14 @@ if TYPE_CHECKING:
     from pagedkv.engine.outputs import CompletionOutput, Logprob, RequestOutput
     from pagedkv.engine.params import SamplingParams
     from pagedkv.engine.prompts import TextPrompt, TokensPrompt
+    from pagedkv.engine.structured import StructuredOutputsParams
 
 _LAZY = {
     "LLM": "pagedkv.engine.llm",
     "LLMEngine": "pagedkv.engine.engine",
     "EngineConfig": "pagedkv.engine.config",
     "SamplingParams": "pagedkv.engine.params",
+    "StructuredOutputsParams": "pagedkv.engine.structured",
     "RequestOutput": "pagedkv.engine.outputs",
     "CompletionOutput": "pagedkv.engine.outputs",
     "Logprob": "pagedkv.engine.outputs",

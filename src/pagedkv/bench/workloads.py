@@ -151,6 +151,12 @@ def _detokenize() -> Runner:
     return lambda ctx, checkpoint, vocab: detokenize.run(ctx, checkpoint)
 
 
+def _structured() -> Runner:
+    from pagedkv.bench import structured
+
+    return structured.run
+
+
 def _parallel() -> Runner:
     from pagedkv.bench import parallel
 
@@ -177,6 +183,7 @@ PAGEDKV_WORKLOADS = WorkloadTable(
         Workload("scaling", _scaling),
         Workload("decode", _decode, cuda=True),
         Workload("detokenize", _detokenize),
+        Workload("structured", _structured),
         Workload("parallel", _parallel),
         Workload("tp", _tensor_parallel),
     ),

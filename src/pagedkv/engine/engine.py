@@ -30,6 +30,7 @@ import torch
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.detokenizer import IncrementalDetokenizer
 from pagedkv.engine.generation_config import GenerationDefaults
+from pagedkv.engine.grammar import GrammarCompiler
 from pagedkv.engine.group import RequestGroup
 from pagedkv.engine.logit_summary import LogitSummary, RowSummary
 from pagedkv.engine.outputs import EngineStats, FinishReason, RequestOutput, StepReport
@@ -97,6 +98,8 @@ class LLMEngine:
         # where the kernel cannot be built, the sampler's torch path does it all.
         summary = LogitSummary.build()
         self._logit_summary = summary if isinstance(summary, LogitSummary) else None
+        # Built on the first constrained request: wrapping the tokenizer takes a moment.
+        self._grammars: GrammarCompiler | None = None
 
     # -- requests --------------------------------------------------------------------------
 
@@ -148,7 +151,12 @@ class LLMEngine:
                 f"exceeds the {self.max_model_len} positions one sequence may hold"
             )
         self._check_params(params)
+        grammar = self._compile(params)
         sequences = self._sequences(request_id, prompt_ids, params, cache_salt)
+        if grammar is not None:
+            compiler = self._grammar_compiler()
+            for sequence in sequences:  # each sample its own matcher (ENG-192)
+                sequence.grammar = compiler.matcher(grammar)
         detokenizers = None
         if self.tokenizer is not None and params.detokenize:  # detokenize=False: no text
             tokenizer = self.tokenizer
@@ -191,6 +199,33 @@ class LLMEngine:
             raise InvalidSamplingParams(
                 f"logit_bias names token ids {outside[:5]} outside the vocabulary of {vocab}"
             )
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        """This engine's grammar compiler, built on first use.
+
+        Raises:
+            InvalidRequest: the engine has no tokenizer.
+        """
+        if self._grammars is None:
+            if self.tokenizer is None:
+                raise InvalidRequest("structured outputs need a model directory with a tokenizer")
+            eos = set(self.scheduler.eos_ids)
+            if self.tokenizer.eos_token_id is not None:
+                eos.add(self.tokenizer.eos_token_id)
+            self._grammars = GrammarCompiler(
+                self.tokenizer.tokenizer_json(), self.runner.vocab_size, sorted(eos)
+            )
+        return self._grammars
+
+    def _compile(self, params: SamplingParams) -> str | None:
+        """The compiled grammar of ``params``' structured outputs, ``None`` without any.
+
+        Raises:
+            InvalidStructuredOutputs: the constraint cannot be compiled (ENG-194).
+        """
+        if params.structured_outputs is None:
+            return None
+        return self._grammar_compiler().compile(params.structured_outputs)
 
     def _sequences(
         self,
@@ -365,6 +400,8 @@ class LLMEngine:
         rows: list[SampleRow] = []
         where: list[int] = []
         spans: list[tuple[int, int] | None] = []
+        failed: dict[int, SampleError] = {}
+        constrained: list[tuple[int, Request]] = []
         offset = 0
         for chunk in scheduled.chunks:
             last = offset + chunk.num_logits - 1
@@ -378,6 +415,8 @@ class LLMEngine:
             sequences = [chunk.request, *chunk.request.forks]
             spans.append((len(rows), len(sequences)))
             for sequence in sequences:
+                if sequence.grammar is not None:
+                    constrained.append((len(rows), sequence))
                 rows.append(
                     SampleRow(
                         sequence.params,
@@ -389,9 +428,13 @@ class LLMEngine:
                 where.append(last)
         if not rows:
             return [None] * len(spans)
+        if constrained:
+            self._grammar_masks(rows, constrained, failed)
         if where != list(range(logits.shape[0])):  # else every row is sampled, in order
             logits = logits.index_select(0, torch.tensor(where, dtype=torch.int64))
         tokens = self._sample_rows(logits, rows)
+        for index, error in failed.items():
+            tokens[index] = error
         sampled: list[SampledToken | SampleError | None] = []
         for span in spans:
             if span is None:
@@ -474,6 +517,8 @@ class LLMEngine:
             if stop is not None:
                 self.scheduler.finish(sequence, FinishReason.STOP)
                 sequence.stop_reason = stop
+            elif sequence.grammar is not None and not sequence.finished:
+                self._grammar_end(sequence)
         outputs = []
         for group in groups.values():
             error = group.error
@@ -486,6 +531,54 @@ class LLMEngine:
             if not group.hidden:
                 outputs.append(group.output())
         return outputs
+
+    def _grammar_masks(
+        self,
+        rows: list[SampleRow],
+        constrained: Sequence[tuple[int, Request]],
+        failed: dict[int, SampleError],
+    ) -> None:
+        """Give each constrained row the mask of the tokens its grammar allows next, the
+        matchers first brought to their sequences' output tokens (rebuilt from them where out
+        of step, ENG-193), every mask in one parallel call (ENG-191). A row whose grammar
+        fails gets a :class:`SampleError` in ``failed`` and samples unmasked (its token is
+        then dropped)."""
+        ready: list[tuple[int, Request]] = []
+        for index, sequence in constrained:
+            assert sequence.grammar is not None
+            try:
+                sequence.grammar.sync(sequence.output_token_ids)
+                ready.append((index, sequence))
+            except Exception as exc:  # this sequence's own grammar: it fails alone
+                failed[index] = SampleError(f"structured outputs: {_describe(exc)}")
+        if not ready:
+            return
+        try:
+            masks = self._grammar_compiler().bitmasks([s.grammar for _, s in ready])  # type: ignore[misc]
+        except Exception:  # find the rows whose grammar fails: each fails alone
+            for index, sequence in ready:
+                assert sequence.grammar is not None
+                try:
+                    rows[index] = dataclasses.replace(
+                        rows[index], allowed=sequence.grammar.bitmask()
+                    )
+                except Exception as exc:
+                    failed[index] = SampleError(f"structured outputs: {_describe(exc)}")
+            return
+        for k, (index, _) in enumerate(ready):
+            rows[index] = dataclasses.replace(rows[index], allowed=masks[k])
+
+    def _grammar_end(self, sequence: Request) -> None:
+        """End a constrained sequence whose grammar can take no further token: its output is
+        complete (ENG-195). A token the grammar refuses fails it."""
+        assert sequence.grammar is not None
+        try:
+            sequence.grammar.sync(sequence.output_token_ids)
+        except Exception as exc:
+            self.scheduler.fail(sequence, f"structured outputs: {_describe(exc)}")
+            return
+        if sequence.grammar.stopped:
+            self.scheduler.finish(sequence, FinishReason.STOP)
 
     def _count(self, scheduled: SchedulerOutput) -> None:
         self._steps += 1

@@ -20,7 +20,7 @@ from pagedkv.engine.engine_args import EngineArgs, engine_args_from_kwargs, load
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.params import OutputKind, SamplingParams
 from pagedkv.engine.prompts import PromptType, is_one_prompt
-from pagedkv.engine.tokenizer import Message
+from pagedkv.engine.tokenizer import Message, Tool
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import Closable, Engine
 
@@ -178,6 +178,7 @@ class LLM:
         continue_final_message: bool = False,
         params: SamplingParams | None = None,
         chat_template_kwargs: Mapping[str, object] | None = None,
+        tools: Sequence[Tool] | None = None,
     ) -> list[RequestOutput]:
         """Generate the assistant's reply to each conversation, through the chat template.
 
@@ -185,6 +186,8 @@ class LLM:
         False}`` for Qwen3; a key the template does not read raises ``InvalidRequest``.
         ``chat_template`` replaces the model's template for this call;
         ``add_generation_prompt`` and ``continue_final_message`` are vLLM's (ENG-188).
+        ``tools`` (OpenAI's function declarations) are rendered by the template (ENG-196);
+        the reply's text holds any ``<tool_call>`` the model writes, as vLLM's does.
         """
         _refuse_lora(lora_request)
         tokenizer = self.engine.tokenizer
@@ -198,6 +201,7 @@ class LLM:
             tokenizer.apply_chat_template(
                 c,
                 chat_template_kwargs,
+                tools,
                 chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,

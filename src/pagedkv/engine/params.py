@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from pagedkv.engine.structured import StructuredOutputsParams
 from pagedkv.errors import InvalidRequest
 
 #: Temperatures below this are sampled greedily (argmax), as vLLM does: dividing logits by a
@@ -96,8 +97,10 @@ class SamplingParams:
         detokenize: ``False`` returns no text (and so takes no stop strings), as vLLM does.
         skip_special_tokens: ``False`` keeps special tokens in the text.
         spaces_between_special_tokens, allowed_token_ids, bad_words, truncate_prompt_tokens,
-        structured_outputs, guided_decoding, logits_processors: vLLM's; only their neutral
+        guided_decoding, logits_processors: vLLM's; only their neutral
             values are accepted, anything else is refused naming the field and why (ENG-187).
+        structured_outputs: a constraint the output must match (JSON schema, regex, choice,
+            grammar; ENG-190); ``None`` for none.
     """
 
     max_tokens: int | None = 16
@@ -126,7 +129,7 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] | None = None
     truncate_prompt_tokens: int | None = None
-    structured_outputs: object = None
+    structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: object = None
     logits_processors: object = None
 
@@ -175,10 +178,6 @@ class SamplingParams:
             "truncate_prompt_tokens": (
                 self.truncate_prompt_tokens is not None,
                 "prompts are never truncated",
-            ),
-            "structured_outputs": (
-                self.structured_outputs is not None,
-                "structured output is not supported",
             ),
             "guided_decoding": (
                 self.guided_decoding is not None,
@@ -255,6 +254,13 @@ class SamplingParams:
             )
         if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
             raise InvalidSamplingParams(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            raise InvalidSamplingParams(
+                "structured_outputs must be a StructuredOutputsParams, got "
+                f"{type(self.structured_outputs).__name__}"
+            )
 
     @property
     def token_limit(self) -> int:

@@ -7,6 +7,7 @@ from enum import Enum
 
 import torch
 
+from pagedkv.engine.grammar import GrammarMatcher
 from pagedkv.engine.outputs import FinishReason, TokenLogprobs
 from pagedkv.engine.params import SamplingParams
 
@@ -76,6 +77,9 @@ class Request:
     def priority_key(self) -> tuple[int, float]:
         """Its place under the ``priority`` policy: priority, then arrival (ENG-189)."""
         return (self.priority, self.arrival_time)
+
+    #: Where its output stands in its structured-output grammar (ENG-193); ``None`` without one.
+    grammar: GrammarMatcher | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -1,7 +1,8 @@
 """The sampler: one call per step turns the logits of every sequence that completed into its
 next token, applying each row's sampling controls as tensor operations over the whole batch.
 
-Order, as in vLLM: ``min_tokens`` (EOS and stop tokens masked), ``logit_bias``, the repetition,
+Order, as in vLLM: the structured-output mask of the constrained rows (ENG-191),
+``min_tokens`` (EOS and stop tokens masked), ``logit_bias``, the repetition,
 frequency and presence penalties, then greedy rows take the argmax and the others go through
 temperature, top-k, top-p and min-p and draw. The draw is the exponential race
 (``argmax(p / q)`` with ``q ~ Exp(1)``, an exact sample of ``p``); each row's noise comes from
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedkv.engine.grammar import refused_tokens
 from pagedkv.engine.logit_summary import LogitSummary, RowSummary
 from pagedkv.engine.outputs import TokenLogprobs
 from pagedkv.engine.params import FLOAT32_MAX, FLOAT32_TINY, SamplingParams
@@ -32,12 +34,16 @@ class SampleRow:
         generator: its random generator (``None`` only for greedy rows).
         prompt_token_ids: its prompt (for the repetition penalty).
         output_token_ids: what it generated so far (penalties, ``min_tokens``).
+        allowed: the tokens its grammar allows next, packed (``int32[ceil(vocab / 32)]``, see
+            :meth:`~pagedkv.engine.grammar.GrammarMatcher.bitmask`); ``None`` when it has no
+            structured-output constraint.
     """
 
     params: SamplingParams
     generator: torch.Generator | None
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
+    allowed: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +117,17 @@ def apply_min_tokens(
     row, token = _pairs(banned, logits.shape[1])
     if row.numel():
         logits.index_put_((row, token), torch.tensor(float("-inf")))
+
+
+def apply_grammar(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
+    """Mask every token its grammar does not allow, in the constrained rows only (in place)."""
+    which = [i for i, r in enumerate(rows) if r.allowed is not None]
+    if not which:
+        return
+    words = torch.stack([rows[i].allowed for i in which])  # type: ignore[misc]
+    refused = refused_tokens(words, logits.shape[1])
+    for k, i in enumerate(which):  # in place, row by row: no copy of the constrained rows
+        logits[i].masked_fill_(refused[k], float("-inf"))
 
 
 def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
@@ -209,9 +226,11 @@ def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> 
 def processed_logits(
     logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int] = frozenset()
 ) -> torch.Tensor:
-    """A copy of ``logits`` ``[R, vocab]`` with ``min_tokens``, ``logit_bias`` and the
-    penalties applied: what greedy rows take the argmax of and the others sample from."""
+    """A copy of ``logits`` ``[R, vocab]`` with the grammar masks, ``min_tokens``,
+    ``logit_bias`` and the penalties applied: what greedy rows take the argmax of and the
+    others sample from."""
     out = logits.float().clone()
+    apply_grammar(out, rows)
     apply_min_tokens(out, rows, stop_ids)
     apply_logit_bias(out, rows)
     apply_penalties(out, rows)
@@ -312,10 +331,13 @@ def _sample_summarised(
 
 
 def _controlled(rows: Sequence[SampleRow]) -> bool:
-    """Whether :func:`processed_logits` would change any row: a row still short of its
-    ``min_tokens``, with a ``logit_bias`` or with a penalty."""
+    """Whether :func:`processed_logits` would change any row: a row with a grammar mask,
+    still short of its ``min_tokens``, with a ``logit_bias`` or with a penalty."""
     return any(
-        r.params.bias or r.params.has_penalties or len(r.output_token_ids) < r.params.min_tokens
+        r.allowed is not None
+        or r.params.bias
+        or r.params.has_penalties
+        or len(r.output_token_ids) < r.params.min_tokens
         for r in rows
     )
 

@@ -7,13 +7,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pagedkv.engine.chat_template import check_template_kwargs
+from pagedkv.engine.chat_template import check_template_kwargs, template_variables
 from pagedkv.engine.detokenizer import DecodeStep, DecodeStreamDecoder, WindowDecoder
 from pagedkv.engine.text_bound import bytes_per_token_of
 from pagedkv.errors import CheckpointError, InvalidRequest
 
-#: A chat message as OpenAI clients send it: ``{"role": ..., "content": ...}``.
-Message = dict[str, str]
+#: A chat message as OpenAI clients send it: ``{"role": ..., "content": ...}``, and for tool
+#: calls ``tool_calls`` (assistant) or ``tool_call_id`` (tool).
+Message = dict[str, Any]
+#: A tool as OpenAI clients declare it: ``{"type": "function", "function": {...}}``.
+Tool = Mapping[str, Any]
 
 
 class Tokenizer:
@@ -51,6 +54,18 @@ class Tokenizer:
         """The underlying Hugging Face tokenizer (what vLLM's ``get_tokenizer`` returns)."""
         return self._tok
 
+    def tokenizer_json(self) -> str:
+        """The tokenizer as Hugging Face ``tokenizer.json`` text, added tokens included (what a
+        grammar engine reads its vocabulary from).
+
+        Raises:
+            InvalidRequest: a slow tokenizer, which has no such form.
+        """
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        if backend is None:
+            raise InvalidRequest("structured outputs need a fast (tokenizer.json) tokenizer")
+        return str(backend.to_str())
+
     def incremental_decoder(
         self, *, window: bool = False, skip_special_tokens: bool = True
     ) -> DecodeStep:
@@ -74,6 +89,7 @@ class Tokenizer:
         self,
         messages: Sequence[Message],
         template_kwargs: Mapping[str, object] | None = None,
+        tools: Sequence[Tool] | None = None,
         *,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
@@ -86,9 +102,11 @@ class Tokenizer:
 
         ``template_kwargs`` are further template variables (Qwen3's ``enable_thinking``); a key
         the template does not read, or one the renderer sets itself, raises
-        :class:`InvalidRequest` naming it. ``chat_template`` replaces the model's template
-        for this call. ``add_special_tokens`` tokenizes the rendered text with the tokenizer's
-        special tokens (the server's field of that name).
+        :class:`InvalidRequest` naming it. ``tools`` are rendered by the template (Qwen3's
+        ``<tools>`` block, ENG-196); a template that never reads ``tools`` raises
+        :class:`InvalidRequest`, since the model would never see them. ``chat_template``
+        replaces the model's template for this call. ``add_special_tokens`` tokenizes the
+        rendered text with the tokenizer's special tokens (the server's field of that name).
 
         Raises:
             InvalidRequest: no template; both ``add_generation_prompt`` and
@@ -98,6 +116,7 @@ class Tokenizer:
             self.render_chat_template(
                 messages,
                 template_kwargs,
+                tools,
                 chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
@@ -109,6 +128,7 @@ class Tokenizer:
         self,
         messages: Sequence[Message],
         template_kwargs: Mapping[str, object] | None = None,
+        tools: Sequence[Tool] | None = None,
         *,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
@@ -123,6 +143,11 @@ class Tokenizer:
                 "add_generation_prompt=False"
             )
         kwargs = dict(template_kwargs or {})
+        if tools:
+            template = self._tok.chat_template
+            sources = template.values() if isinstance(template, dict) else [template]
+            if not any("tools" in template_variables(str(t)) for t in sources):
+                raise InvalidRequest("this model's chat template does not render tools")
         if kwargs:
             template = chat_template if chat_template is not None else self._tok.chat_template
             sources = template.values() if isinstance(template, dict) else [template]
@@ -137,6 +162,7 @@ class Tokenizer:
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             **extra,
+            tools=[dict(t) for t in tools] if tools else None,
             **kwargs,
         )
         return str(text)

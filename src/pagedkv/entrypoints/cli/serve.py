@@ -139,6 +139,19 @@ def _add_http_flags(parser: argparse.ArgumentParser) -> None:
         "tokens",
     )
     http.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="let chat's tool_choice auto read tool calls out of replies (vLLM's flag); "
+        "needs --tool-call-parser",
+    )
+    http.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="how replies write tool calls: hermes (Qwen3's <tool_call> JSON); another name "
+        "is refused",
+    )
+    http.add_argument(
         "--log-level",
         choices=("critical", "error", "warning", "info", "debug"),
         default="info",
@@ -244,6 +257,8 @@ def build_server_config(args: argparse.Namespace) -> ServerConfig:
         metrics_api_key=metrics_key,
         log_stats_interval_s=args.log_stats_interval or None,
         reasoning_parser=args.reasoning_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
         close_engine=True,
     )
 

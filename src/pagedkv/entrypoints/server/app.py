@@ -26,6 +26,7 @@ from pagedkv.entrypoints.server.routes import router
 from pagedkv.entrypoints.server.state import ServerState
 from pagedkv.entrypoints.server.stats_log import log_throughput, startup_summary
 from pagedkv.entrypoints.server.tokenize import router as tokenize_router
+from pagedkv.entrypoints.server.tool_calls import check_tool_parser
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import Closable, Engine
 
@@ -56,6 +57,10 @@ class ServerConfig:
         log_stats_interval_s: seconds between throughput lines in the log; ``None`` for none.
         reasoning_parser: a reasoning parser (``qwen3``) splitting chat replies into
             ``reasoning_content`` and ``content``, or ``None``.
+        enable_auto_tool_choice: let chat's ``tool_choice: auto`` read tool calls out of
+            replies (vLLM's ``--enable-auto-tool-choice``); needs ``tool_call_parser``.
+        tool_call_parser: how replies' tool calls are written: ``hermes`` (Qwen3's
+            ``<tool_call>`` JSON), or ``None``.
         close_engine: close the engine when the app shuts down (``pagedkv serve``: a
             tensor-parallel engine's workers end with the server, TP-023, even when the
             exit signal then ends the process).
@@ -68,9 +73,12 @@ class ServerConfig:
     metrics_api_key: str | None = None
     log_stats_interval_s: float | None = DEFAULT_LOG_STATS_INTERVAL_S
     reasoning_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
     close_engine: bool = False
 
     def __post_init__(self) -> None:
+        check_tool_parser(self.tool_call_parser, self.enable_auto_tool_choice)
         if self.cache_salt_per_api_key and not self.api_keys:
             raise InvalidRequest("cache_salt_per_api_key needs at least one API key")
         if any(not key for key in self.api_keys):
@@ -194,6 +202,7 @@ def create_app(
         metrics=metrics,
         policy=policy,
         reasoning=reasoning,
+        auto_tool_choice=config.enable_auto_tool_choice,
     )
     install_error_handlers(app)
     app.add_middleware(PolicyGate, policy=policy)

@@ -2,11 +2,13 @@
 template, a choice is the assistant's ``message`` (whole) or ``delta`` (streamed).
 
 With a reasoning parser, the reply's thinking goes to ``reasoning_content`` apart from its
-``content``, whole or delta by delta.
+``content``, whole or delta by delta. With ``tools``, the reply's tool calls go to
+``tool_calls`` (see :mod:`~pagedkv.entrypoints.server.tool_calls`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pagedkv.engine.outputs import CompletionOutput
@@ -28,6 +30,7 @@ from pagedkv.entrypoints.server.openai_format import (
     usage,
 )
 from pagedkv.entrypoints.server.protocol import (
+    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -38,6 +41,8 @@ from pagedkv.entrypoints.server.protocol import (
 )
 from pagedkv.entrypoints.server.reasoning import ReasoningParser, ReasoningSplitter
 from pagedkv.entrypoints.server.state import ServerState
+from pagedkv.entrypoints.server.structured import request_constraint
+from pagedkv.entrypoints.server.tool_calls import ToolCallStream, ToolMode, tool_mode
 
 
 class Chat:
@@ -66,25 +71,42 @@ class Chat:
         if max_tokens is None:
             max_tokens = defaults.max_tokens
         top = body.top_logprobs or 0
+        tools, tool_constraint = tool_mode(body, state.auto_tool_choice)
+        constraint = request_constraint(body)
+        if tool_constraint is not None:
+            if constraint is not None:
+                raise APIError(
+                    400,
+                    f"{constraint.field} cannot be given with tool_choice "
+                    f"{body.tool_choice!r}: the tool choice constrains the reply itself",
+                    param=constraint.field,
+                    code="invalid_structured_outputs",
+                )
+            constraint = tool_constraint
         params = sampling_params(
             body,
             defaults,
             max_tokens=1 if max_tokens is None else max_tokens,
             logprobs=top if body.logprobs else None,
+            structured_outputs=None if constraint is None else constraint.params,
         )
         prompt = ChatPrompt(
-            tuple({"role": m.role, "content": m.text} for m in body.messages),
+            tuple(m.template_message() for m in body.messages),
             body.chat_template_kwargs or {},
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
+            tools=tuple(t.model_dump(exclude_none=True) for t in body.tools or ()),
         )
         submission = Submission(
             [prompt],
             params,
             token_texts=body.logprobs or body.prompt_logprobs is not None,
             fill_context=max_tokens is None,
+            constraint_field=None if constraint is None else constraint.field,
         )
-        shape = ChatShape(n=params.n, logprobs=body.logprobs, reasoning=state.reasoning)
+        shape = ChatShape(
+            n=params.n, logprobs=body.logprobs, reasoning=state.reasoning, tools=tools
+        )
         return Prepared(submission, shape)
 
 
@@ -96,26 +118,39 @@ class ChatShape:
         n: completions of the conversation.
         logprobs: include the chosen tokens' log-probabilities.
         reasoning: the parser splitting thinking from content, ``None`` for none.
+        tools: how tool calls are read from the reply, ``None`` without tools.
     """
 
     n: int
     logprobs: bool
     reasoning: ReasoningParser | None
+    tools: ToolMode | None = None
+
+    def message(self, completion: CompletionOutput, prompt: Sequence[int]) -> AssistantMessage:
+        """The whole reply, its tool calls read out of its content (SRV-132)."""
+        message = assistant_message(completion, prompt, self.reasoning)
+        if self.tools is not None and message.content is not None:
+            message.content, message.tool_calls = self.tools.parse(message.content)
+        return message
 
     def response(self, head: ResponseHead, collected: Collected) -> ChatCompletionResponse:
         """Every completion as a whole assistant message; the prompt's log-probabilities once,
         beside the choices."""
         ((_, output, texts),) = collected.ordered()
-        choices = [
-            ChatChoice(
-                index=completion.index,
-                message=assistant_message(completion, output.prompt_token_ids, self.reasoning),
-                logprobs=chat_logprobs(completion.logprobs or (), texts) if self.logprobs else None,
-                finish_reason=finish_reason(completion),
-                stop_reason=completion.stop_reason,
+        choices = []
+        for completion in output.outputs:
+            message = self.message(completion, output.prompt_token_ids)
+            choices.append(
+                ChatChoice(
+                    index=completion.index,
+                    message=message,
+                    logprobs=chat_logprobs(completion.logprobs or (), texts)
+                    if self.logprobs
+                    else None,
+                    finish_reason="tool_calls" if message.tool_calls else finish_reason(completion),
+                    stop_reason=completion.stop_reason,
+                )
             )
-            for completion in output.outputs
-        ]
         return ChatCompletionResponse(
             id=head.id,
             created=head.created,
@@ -139,11 +174,13 @@ class ChatChunks:
         shape: how the choices are shaped.
         head: the response's id, creation time and model.
         splitters: completion index -> its reasoning splitter (with a reasoning parser).
+        calls: completion index -> its tool-call stream (with tools).
     """
 
     shape: ChatShape
     head: ResponseHead
     splitters: dict[int, ReasoningSplitter] = field(default_factory=dict)
+    calls: dict[int, ToolCallStream] = field(default_factory=dict)
 
     def opening(self) -> ChatCompletionChunk:
         roles = [
@@ -165,12 +202,21 @@ class ChatChunks:
                 splitter = shape.reasoning.splitter(item.output.prompt_token_ids)
                 self.splitters[completion.index] = splitter
             delta = _split_delta(splitter, completion.new_text, ending)
-        if not (delta.content or delta.reasoning_content or ending or entries):
+        called = False
+        if shape.tools is not None:
+            stream = self.calls.get(completion.index)
+            if stream is None:
+                stream = self.calls[completion.index] = shape.tools.streamer()
+            content, calls = stream.feed(delta.content or "", ending)
+            delta.content, delta.tool_calls = content or None, calls or None
+            called = stream.called
+        if not (delta.content or delta.reasoning_content or delta.tool_calls or ending or entries):
             return None
+        reason = finish_reason(completion)
         choice = ChatChunkChoice(
             index=completion.index,
             delta=delta,
-            finish_reason=finish_reason(completion) if ending else None,
+            finish_reason=("tool_calls" if called else reason) if ending else None,
             stop_reason=completion.stop_reason if ending else None,
         )
         if shape.logprobs:

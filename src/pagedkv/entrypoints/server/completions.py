@@ -37,6 +37,7 @@ from pagedkv.entrypoints.server.protocol import (
     Usage,
 )
 from pagedkv.entrypoints.server.state import ServerState
+from pagedkv.entrypoints.server.structured import request_constraint
 
 #: OpenAI's default ``max_tokens`` for completions.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -58,12 +59,14 @@ class Completions:
         asked_prompt_logprobs = body.prompt_logprobs
         if body.echo and body.logprobs is not None:  # the echoed tokens carry logprobs too
             asked_prompt_logprobs = max(asked_prompt_logprobs or 0, body.logprobs)
+        constraint = request_constraint(body)
         params = sampling_params(
             body,
             defaults,
             max_tokens=max_tokens,
             logprobs=body.logprobs,
             prompt_logprobs=asked_prompt_logprobs,
+            structured_outputs=None if constraint is None else constraint.params,
         )
         prompts = completion_prompts(body.prompt)
         echoed = await echo_texts(state, prompts) if body.echo else None
@@ -71,6 +74,7 @@ class Completions:
             prompts,
             params,
             token_texts=want_logprobs or asked_prompt_logprobs is not None,
+            constraint_field=None if constraint is None else constraint.field,
         )
         shape = CompletionShape(
             n=params.n,

@@ -46,12 +46,15 @@ class Submission:
             :class:`~pagedkv.entrypoints.server.async_engine.StreamItem`).
         fill_context: ``params.max_tokens`` becomes the positions left in the model's context
             after each prompt.
+        constraint_field: the request field ``params.structured_outputs`` came from, named
+            when the engine cannot compile it (SRV-131).
     """
 
     prompts: list[PromptInput]
     params: SamplingParams
     token_texts: bool
     fill_context: bool = False
+    constraint_field: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedkv.engine.chat_template import InvalidTemplateKwargs
 from pagedkv.engine.params import InvalidSamplingParams, SamplingParams
+from pagedkv.engine.structured import InvalidStructuredOutputs
 from pagedkv.entrypoints.server.async_engine import EngineFailure, EngineUnavailable, RequestFailed
 from pagedkv.entrypoints.server.policy import (
     BodyTooLarge,
@@ -85,6 +86,8 @@ def invalid_request_error(exc: InvalidRequest) -> APIError:
         first = re.split(r"[\s,:]", message, maxsplit=1)[0]
         param = first if first in _SAMPLING_FIELDS else None
         return APIError(400, message, param=param, code="invalid_sampling_params")
+    if isinstance(exc, InvalidStructuredOutputs):
+        return APIError(400, message, param="structured_outputs", code="invalid_structured_outputs")
     if isinstance(exc, InvalidTemplateKwargs):
         return APIError(400, message, param="chat_template_kwargs", code="invalid_request")
     return APIError(400, message, code="invalid_request")

@@ -15,6 +15,7 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from pagedkv.engine.structured import InvalidStructuredOutputs
 from pagedkv.entrypoints.server.async_engine import GenerationStream
 from pagedkv.entrypoints.server.endpoint import Collected, Endpoint, ResponseHead
 from pagedkv.entrypoints.server.errors import APIError
@@ -44,16 +45,22 @@ async def generate(endpoint: Endpoint[BodyT], body: BodyT, request: Request) -> 
     submission = prepared.submission
     # a given request_id names the response, as vLLM's: cmpl-ID, chatcmpl-ID (SRV-118)
     response_id = f"{endpoint.id_prefix}-{body.request_id or uuid.uuid4().hex}"
-    stream = await state.engine.submit(
-        submission.prompts,
-        submission.params,
-        fill_context=submission.fill_context,
-        token_texts=submission.token_texts,
-        cache_salt=state.policy.cache_salt(tenant(request), body.cache_salt),
-        priority=body.priority,
-        add_special_tokens=body.add_special_tokens,
-        request_id=response_id,
-    )
+    try:
+        stream = await state.engine.submit(
+            submission.prompts,
+            submission.params,
+            fill_context=submission.fill_context,
+            token_texts=submission.token_texts,
+            cache_salt=state.policy.cache_salt(tenant(request), body.cache_salt),
+            priority=body.priority,
+            add_special_tokens=body.add_special_tokens,
+            request_id=response_id,
+        )
+    except InvalidStructuredOutputs as exc:  # SRV-131: the field the request used
+        field = submission.constraint_field or "structured_outputs"
+        raise APIError(
+            400, f"{field}: {exc}", param=field, code="invalid_structured_outputs"
+        ) from None
     log_noted(body, response_id)
     head = ResponseHead(id=response_id, created=int(time.time()), model=state.model_name)
     if body.stream:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pagedkv.engine.generation_config import GenerationDefaults
 from pagedkv.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedkv.engine.params import MAX_LOGIT_BIAS, InvalidSamplingParams, SamplingParams
+from pagedkv.engine.structured import StructuredOutputsParams
 from pagedkv.entrypoints.server.async_engine import PromptInput
 from pagedkv.entrypoints.server.protocol import (
     AssistantMessage,
@@ -47,6 +48,7 @@ def sampling_params(
     max_tokens: int,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    structured_outputs: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """Engine parameters of a request: a field the body leaves out takes the model's
     generation-config default, then the library's (OpenAI's: temperature 1, top_p 1).
@@ -75,6 +77,7 @@ def sampling_params(
         stop_token_ids=tuple(body.stop_token_ids or ()),
         prompt_logprobs=prompt_logprobs if prompt_logprobs is not None else body.prompt_logprobs,
         include_stop_str_in_output=body.include_stop_str_in_output,
+        structured_outputs=structured_outputs,
     )
 
 

@@ -56,6 +56,45 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Request):
+    """``response_format.json_schema``: the schema the reply is held to (``strict`` accepted:
+    the reply always matches the schema)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object`` or
+    ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(_Request):
+    """vLLM's ``structured_outputs`` request field (see
+    :class:`~pagedkv.engine.structured.StructuredOutputsParams`)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    json_schema: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    structural_tag: Any = refused("structural tags are not supported")
+    whitespace_pattern: Any = refused("whitespace patterns are not supported")
+    disable_additional_properties: Any = refused(
+        "the schema's own additionalProperties rule", False
+    )
+
+
 class SamplingFields(_Request):
     """Sampling fields shared by both endpoints; ranges are checked by ``SamplingParams``.
 
@@ -110,13 +149,13 @@ class SamplingFields(_Request):
     length_penalty: Any = refused("beam search is not supported", 1, 1.0)
     store: Any = refused("responses are not stored", False)
     service_tier: Any = refused("there is one service tier", "auto", "default")
-    response_format: Any = refused("structured output is not supported", {"type": "text"})
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     use_beam_search: Any = refused("beam search is not supported", False)
-    guided_json: Any = refused("guided decoding is not supported")
-    guided_regex: Any = refused("guided decoding is not supported")
-    guided_choice: Any = refused("guided decoding is not supported")
-    guided_grammar: Any = refused("guided decoding is not supported")
-    structured_outputs: Any = refused("structured output is not supported")
     logits_processors: Any = refused("custom logits processors are not supported")
     allowed_token_ids: Any = refused("allowed_token_ids is not supported")
     bad_words: Any = refused("bad_words is not supported")
@@ -188,25 +227,50 @@ class MediaPart(_Request):
     ]
 
 
+class FunctionCall(_Request):
+    """A called function: its name and its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(_Request):
+    """One tool call of an assistant message (given back in a conversation, or replied)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
-    """One message of a conversation; content given as parts is joined into one text."""
+    """One message of a conversation; content given as parts is joined into one text.
+
+    Attributes:
+        tool_calls: an assistant message's calls, fed back through the chat template.
+        tool_call_id: a ``tool`` message's answer to that call.
+    """
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart | MediaPart]
+    content: str | list[TextPart | MediaPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def media_part(self) -> int | None:
         """The index of the first non-text part, ``None`` when all are text."""
-        if isinstance(self.content, str):
+        if self.content is None or isinstance(self.content, str):
             return None
         return next((i for i, p in enumerate(self.content) if isinstance(p, MediaPart)), None)
 
     @property
     def text(self) -> str:
-        """The content as one text.
+        """The content as one text (a ``null`` content, as of an assistant's tool calls, is
+        empty).
 
         Raises:
             InvalidRequest: a part is not text (this model takes text only).
         """
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         if self.media_part() is not None:
@@ -214,6 +278,42 @@ class ChatMessage(_Request):
                 "this model takes text only: image, audio and file parts are refused"
             )
         return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def template_message(self) -> dict[str, Any]:
+        """The message as the chat template reads it."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionDefinition(_Request):
+    """A tool's function: its name, description and JSON-schema parameters."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Request):
+    """One of chat's ``tools``."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    """``tool_choice`` naming the one function the reply calls."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -240,8 +340,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: Any = refused("tool calling is not supported", [])
-    tool_choice: Any = refused("tool calling is not supported", "none")
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: Any = refused("function calling is not supported", [])
     function_call: Any = refused("function calling is not supported", "none")
     echo: Any = refused("echoing the last message is not supported", False)
@@ -343,11 +444,13 @@ class ChoiceLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     """The reply; with a reasoning parser, its thinking is in ``reasoning_content`` (``None``
-    when it did not think) and ``content`` is ``None`` when nothing followed the thinking."""
+    when it did not think) and ``content`` is ``None`` when nothing followed the thinking.
+    The calls it makes are in ``tool_calls`` (empty for none, as vLLM)."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None
     reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -368,10 +471,27 @@ class ChatCompletionResponse(BaseModel):
     prompt_logprobs: PromptLogprobs | None = None
 
 
+class DeltaFunctionCall(BaseModel):
+    """A streamed piece of a call: the name once, the arguments in fragments."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """OpenAI's incremental ``delta.tool_calls`` entry; ``index`` says which call."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -27,6 +27,8 @@ class ServerState:
         policy: what the server admits: API keys and tenants, body size, prompts, queue depth,
             deadlines.
         reasoning: the reasoning parser splitting chat replies, ``None`` for none.
+        auto_tool_choice: chat's ``tool_choice: auto`` reads tool calls out of replies
+            (``--enable-auto-tool-choice`` with a ``--tool-call-parser``).
     """
 
     engine: AsyncEngine
@@ -35,6 +37,7 @@ class ServerState:
     metrics: ServingMetrics
     policy: ServerPolicy
     reasoning: ReasoningParser | None = None
+    auto_tool_choice: bool = False
 
 
 def server_state(request: Request) -> ServerState:

@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pagedkv.engine.outputs import RequestOutput
 from pagedkv.engine.tokenizer import Message, Tokenizer
@@ -45,6 +45,8 @@ class ChatPrompt:
     template_kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    #: OpenAI tool declarations the template renders; empty for none.
+    tools: tuple[Mapping[str, Any], ...] = ()
 
 
 #: What a request generates from: text, token ids, or a conversation.
@@ -133,6 +135,7 @@ class TextWorker:
                 chat.template_kwargs,
                 add_generation_prompt=chat.add_generation_prompt,
                 continue_final_message=chat.continue_final_message,
+                tools=chat.tools or None,
             )
             self.check_size(text, "messages")
             return tokenizer.encode(text, add_special_tokens)

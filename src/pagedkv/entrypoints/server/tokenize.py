@@ -36,7 +36,7 @@ async def tokenize(
     check_model(state, body.model)
     prompt: PromptInput
     if isinstance(body, TokenizeChatRequest):
-        prompt = ChatPrompt(tuple({"role": m.role, "content": m.text} for m in body.messages))
+        prompt = ChatPrompt(tuple(m.template_message() for m in body.messages))
     else:
         prompt = body.prompt
     tokens = await state.engine.tokenize(prompt)
