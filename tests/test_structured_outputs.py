@@ -138,8 +138,8 @@ def test_composes_with_seed_stream_penalties_bias_and_prefix_caching(
     params = SamplingParams(n=3, temperature=1.0, seed=21, max_tokens=48, structured_outputs=JSON)
     first = [c.token_ids for c in run(llm, params)]
     assert [c.token_ids for c in run(llm, params)] == first
-    assert len(set(first)) > 1  # each sample its own draw and its own matcher
-    streamed: dict[int, tuple[int, ...]] = {}
+    assert len({tuple(t) for t in first}) > 1  # each sample its own draw and its own matcher
+    streamed: dict[int, list[int]] = {}
     for output in llm.engine.stream("hello", params):
         for completion in output.outputs:
             streamed[completion.index] = completion.token_ids

@@ -299,7 +299,7 @@ def test_detokenize_and_special_tokens(llm: LLM) -> None:
         SamplingParams(stop=["x"], detokenize=False)
     # structured_outputs is honored (tests/test_structured_outputs.py); a bare dict is not
     # vLLM's StructuredOutputsParams and is refused naming the field
-    with pytest.raises(InvalidSamplingParams, match="^structured_outputs must be"):
+    with pytest.raises(InvalidSamplingParams, match=r"^structured_outputs must be"):
         SamplingParams(structured_outputs={"json": {}})  # type: ignore[arg-type]
 
 
