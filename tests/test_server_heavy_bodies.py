@@ -48,36 +48,42 @@ class ThreadRecorder(FaultyTokenizer):
         with self._lock:
             self.calls.append((method, threading.current_thread().name))
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]:
         self._record("encode")
         with self._lock:
             self.encoded.append(len(text))
-        return super().encode(text)
+        return super().encode(text, *args, **kwargs)
 
-    def decode(self, token_ids: Sequence[int]) -> str:
+    def decode(self, token_ids: Sequence[int], *args: Any, **kwargs: Any) -> str:
         self._record("decode")
-        return super().decode(token_ids)
+        return super().decode(token_ids, *args, **kwargs)
 
     def render_chat_template(
         self,
         messages: Sequence[Message],
         template_kwargs: Mapping[str, object] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        **options: Any,
     ) -> str:
         self._record("render")
-        return super().render_chat_template(messages, template_kwargs, tools)
+        return super().render_chat_template(messages, template_kwargs, tools, **options)
 
     def apply_chat_template(
         self,
         messages: Sequence[Message],
         template_kwargs: Mapping[str, object] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        **options: Any,
     ) -> list[int]:
         self._record("apply_chat_template")
-        return super().apply_chat_template(messages, template_kwargs, tools)
+        return super().apply_chat_template(messages, template_kwargs, tools, **options)
 
-    def incremental_decoder(self, *, window: bool = False) -> DecodeStep:
-        return self._inner.incremental_decoder(window=window)
+    def incremental_decoder(
+        self, *, window: bool = False, skip_special_tokens: bool = True
+    ) -> DecodeStep:
+        return self._inner.incremental_decoder(
+            window=window, skip_special_tokens=skip_special_tokens
+        )
 
 
 @pytest.fixture(scope="module")
