@@ -83,7 +83,7 @@ class DropSharedPage(Mutation):
 
 
 class CorruptOneToken(Mutation):
-    """Changes the last character of the first response whose text is long enough: one
+    """Changes the last whole character of the first response whose text is long enough: one
     wrong token at the end, past the first token of any response."""
 
     def __init__(self) -> None:
@@ -99,9 +99,11 @@ class CorruptOneToken(Mutation):
             if self._done:
                 return
             self._done = True
-        last = len(text) - 1  # past the first token whichever response comes first
+        # The last whole character (past the first token whichever response comes first); a
+        # trailing incomplete UTF-8 character is left alone, as certify drops it.
+        last = len(text.rstrip("\ufffd")) - 1
         replacement = "#" if text[last] != "#" else "@"
-        choices[0]["text"] = text[:last] + replacement
+        choices[0]["text"] = text[:last] + replacement + text[last + 1 :]
 
 
 class SwapTwoResponses(Mutation):
