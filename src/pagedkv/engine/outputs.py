@@ -34,7 +34,6 @@ class TokenLogprobs:
     rank: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class Logprob:
     """vLLM's ``Logprob``: one token's log-probability at a position (ENG-186).
 
@@ -43,11 +42,63 @@ class Logprob:
         rank: 1 for the most likely token; ``None`` where not computed (a sampled token
             outside the top ones).
         decoded_token: the token's text (special tokens kept), ``None`` without a tokenizer.
+            Given a ``decode`` function and the ``token_id``, the text is decoded when first
+            read, not when the output is built: the engine builds outputs on its step, and a
+            server that never reads the text (it decodes token texts apart from the engine
+            thread, SRV-115) costs the step no decoding.
+
+    Immutable, and equal to another with the same three values, like vLLM's dataclass.
     """
 
+    __slots__ = ("_decode", "_text", "_token_id", "logprob", "rank")
+
     logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
+    rank: int | None
+    _text: str | None
+    _decode: Callable[[int], str] | None
+    _token_id: int | None
+
+    def __init__(
+        self,
+        logprob: float,
+        rank: int | None = None,
+        decoded_token: str | None = None,
+        *,
+        decode: Callable[[int], str] | None = None,
+        token_id: int | None = None,
+    ) -> None:
+        set_slot = object.__setattr__
+        set_slot(self, "logprob", logprob)
+        set_slot(self, "rank", rank)
+        set_slot(self, "_text", decoded_token)
+        set_slot(self, "_decode", decode if token_id is not None else None)
+        set_slot(self, "_token_id", token_id)
+
+    @property
+    def decoded_token(self) -> str | None:
+        """The token's text, decoded on first read where a decode function was given."""
+        if self._decode is not None and self._token_id is not None:
+            object.__setattr__(self, "_text", self._decode(self._token_id))
+            object.__setattr__(self, "_decode", None)
+        return self._text
+
+    def _values(self) -> tuple[float, int | None, str | None]:
+        return (self.logprob, self.rank, self.decoded_token)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Logprob is immutable: cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Logprob) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return (
+            f"Logprob(logprob={self.logprob!r}, rank={self.rank!r}, "
+            f"decoded_token={self.decoded_token!r})"
+        )
 
 
 class PositionLogprobs(dict[int, Logprob]):
@@ -65,12 +116,12 @@ class PositionLogprobs(dict[int, Logprob]):
         self.entry = entry
         ranks = {token: i + 1 for i, (token, _) in enumerate(entry.top)}
         chosen_rank = entry.rank if entry.rank is not None else ranks.get(entry.token_id)
-        text = None if decode is None else decode(entry.token_id)
-        self[entry.token_id] = Logprob(entry.logprob, chosen_rank, text)
+        self[entry.token_id] = Logprob(
+            entry.logprob, chosen_rank, decode=decode, token_id=entry.token_id
+        )
         for token, logprob in entry.top:
             if token not in self:
-                text = None if decode is None else decode(token)
-                self[token] = Logprob(logprob, ranks[token], text)
+                self[token] = Logprob(logprob, ranks[token], decode=decode, token_id=token)
 
     @property
     def token_id(self) -> int:
