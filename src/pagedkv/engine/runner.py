@@ -16,6 +16,7 @@ import torch
 
 from pagedkv.accel.cpu.builder import build_cpu_model, weight_nbytes
 from pagedkv.accel.cpu.host_memory import retain_freed_memory
+from pagedkv.accel.cpu.primitive_cache import cap_primitive_caches
 from pagedkv.accel.static_decode import StaticDecode, static_decode_over, static_store
 from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.engine.runner_options import RunnerOptions
@@ -57,6 +58,10 @@ class ModelRunner:
         static_decode: StaticDecodeOf | None = None,
     ) -> None:
         self.options = options or RunnerOptions()
+        if next(model.parameters()).device.type == "cpu":
+            # Before the first oneDNN product (packing the weights is one), which reads them
+            # (ENG-180).
+            cap_primitive_caches()
         static = static_store(model, store, self.options)
         if static_decode is None and static is not None:
             static_decode = partial(static_decode_over, store=static, options=self.options)
