@@ -9,7 +9,7 @@ BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
 .PHONY: install demo test conformance conformance-compiled conformance-tp conformance-vllm vllm-install \
-	typecheck lint clean bench bench-gate chaos mutation certify certify-vllm
+	typecheck lint clean bench bench-gate chaos soak mutation certify certify-vllm
 
 install: $(VENV)/.installed
 
@@ -59,6 +59,15 @@ certify: install
 CHAOS_ARGS ?=
 chaos: install
 	$(BIN)/python tests/chaos.py $(CHAOS_ARGS)
+
+# The server's resident memory over a long run (SRV-106, tests/soak.py): `pagedkv serve` on the
+# embedded model, RSS after each of 10 rounds of 600 mixed requests from 48 clients, then every
+# 50 of 600 distinct prompt lengths; prints the growth from round 3 to round 10 (bound 5 MB) and
+# over the sweep (bound 100 MB). Tens of minutes on two cores; SOAK_ARGS='--rounds 4
+# --requests 60' for a quick look.
+SOAK_ARGS ?=
+soak: install
+	$(BIN)/python tests/soak.py $(SOAK_ARGS)
 
 # The golden suites with decode steps compiled by torch.compile (ENG-110); minutes, not in
 # `make test`: every new step shape compiles once.
