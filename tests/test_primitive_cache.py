@@ -115,6 +115,10 @@ def test_a_cpu_runner_caps_the_caches_before_its_first_product() -> None:
     """Catches a runner that does not cap the caches (a server's memory then grows with every
     prompt length it sees), and one that overrides a capacity the operator started it with."""
     env = _clean_environment()
-    assert _run(RUNNER, env=env) == {name: "128" for name in CAPACITY_VARIABLES}
+    capacity = str(PRIMITIVE_CACHE_CAPACITY)
+    assert _run(RUNNER, env=env) == dict.fromkeys(CAPACITY_VARIABLES, capacity)
     chosen = _run(RUNNER, env={**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "2048"})
-    assert chosen == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "2048", "LRU_CACHE_CAPACITY": "128"}
+    assert chosen == {
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "2048",
+        "LRU_CACHE_CAPACITY": capacity,
+    }
