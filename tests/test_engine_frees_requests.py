@@ -1,4 +1,4 @@
-"""ENG-181: every per-request structure of the engine is freed when its request ends.
+"""ENG-198: every per-request structure of the engine is freed when its request ends.
 
 A long-running server's memory must not grow with the requests it served; the engine's own
 maps are where a forgotten request would stay. Shown with the hash stand-in runner over a mix
@@ -50,7 +50,7 @@ def _held(engine: LLMEngine) -> dict[str, int]:
     }
 
 
-@pytest.mark.spec("ENG-181")
+@pytest.mark.spec("ENG-198")
 @pytest.mark.parametrize("prefix_caching", [True, False])
 def test_nothing_is_held_for_requests_that_ended(prefix_caching: bool) -> None:
     """Catches an engine that keeps a finished or aborted request's group, a sequence its

@@ -1,4 +1,4 @@
-"""ENG-180: oneDNN's caches of per-shape products are capped, so memory does not grow with
+"""ENG-197: oneDNN's caches of per-shape products are capped, so memory does not grow with
 every new shape a runner runs.
 
 The caches read their capacity once per process, at oneDNN's first primitive: each case that
@@ -74,7 +74,7 @@ def _clean_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in CAPACITY_VARIABLES}
 
 
-@pytest.mark.spec("ENG-180")
+@pytest.mark.spec("ENG-197")
 def test_capping_sets_what_the_operator_did_not() -> None:
     """Catches a cap that overrides the operator's value, misses one of the two caches (each
     keeps its primitives alive on its own), or takes a capacity of 0 (ideep needs one)."""
@@ -91,7 +91,7 @@ def test_capping_sets_what_the_operator_did_not() -> None:
         cap_primitive_caches(0, environ={})
 
 
-@pytest.mark.spec("ENG-180")
+@pytest.mark.spec("ENG-197")
 @pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(),  # type: ignore[no-untyped-call]
     reason="torch has no oneDNN",
@@ -109,7 +109,7 @@ def test_capped_caches_stop_memory_growing_with_shapes() -> None:
     assert capped < default / 3, (capped, default)
 
 
-@pytest.mark.spec("ENG-180")
+@pytest.mark.spec("ENG-197")
 @pytest.mark.skipif(not has_default_model(), reason="the embedded default model is not built")
 def test_a_cpu_runner_caps_the_caches_before_its_first_product() -> None:
     """Catches a runner that does not cap the caches (a server's memory then grows with every

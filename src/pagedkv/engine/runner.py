@@ -60,7 +60,7 @@ class ModelRunner:
         self.options = options or RunnerOptions()
         if next(model.parameters()).device.type == "cpu":
             # Before the first oneDNN product (packing the weights is one), which reads them
-            # (ENG-180).
+            # (ENG-197).
             cap_primitive_caches()
         static = static_store(model, store, self.options)
         if static_decode is None and static is not None:
