@@ -305,6 +305,9 @@ class FaultyTokenizer(Tokenizer):
     def token_id(self, text: str) -> int | None:
         return self._inner.token_id(text)
 
+    def tokenizer_json(self) -> str:
+        return self._inner.tokenizer_json()
+
     @property
     def hf(self) -> Any:
         return self._inner.hf
@@ -377,6 +380,10 @@ class IdTokenizer(Tokenizer):
     def hf(self) -> Any:
         """No Hugging Face tokenizer stands behind this one."""
         return None
+
+    def tokenizer_json(self) -> str:
+        """Refused: ids-as-text has no ``tokenizer.json`` for a grammar engine to read."""
+        raise InvalidRequest("structured outputs need a tokenizer.json; this tokenizer has none")
 
     def incremental_decoder(
         self, *, window: bool = False, skip_special_tokens: bool = True
