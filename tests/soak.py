@@ -5,10 +5,11 @@ Starts ``pagedkv serve`` on the embedded model in its own process, then:
 1. ``--rounds`` rounds of ``--requests`` mixed requests from ``--clients`` clients at once:
    completions and chat, streamed or not, ``n`` of 1 to 3, logprobs, prompts of 1 to about 200
    tokens, and one client in ten leaving in the middle of its stream. The server's resident
-   size (``VmRSS`` of its process) is printed after each round, once the server is idle.
+   size (``VmRSS`` of its process) is printed after each round, once the server is idle and
+   has given back the memory its steps freed (SRV-137: one second after it went idle).
 2. After that warm-up, ``--lengths`` distinct prompt lengths (1, 2, ... tokens), one request at a
    time, without prefix caching's help (each prompt differs from the first token): the
-   resident size every 50 lengths.
+   resident size every 50 lengths, measured the same way.
 
 It prints the growth SRV-106 bounds: from the end of round 3 to the end of the last round
 (at most 5 MB), and over the sweep of lengths (at most 100 MB). Exit status 1 when a bound is
@@ -31,11 +32,16 @@ from typing import Any
 
 import httpx
 
+from pagedkv.entrypoints.server.async_engine import IDLE_RELEASE_S
+
 #: Bounds of SRV-106, in MB.
 ROUNDS_BOUND_MB = 5.0
 SWEEP_BOUND_MB = 100.0
 #: The round the rounds' growth is counted from (its end).
 FROM_ROUND = 3
+#: Seconds waited, beyond the server's idle release delay, before its size is read: the
+#: release itself takes milliseconds, but the engine thread may wait for a core here.
+SETTLE_S = 1.0
 WORDS = [
     *("def", "class", "return", "import", "self", "value", "list", "dict", "index", "range"),
     *("print", "yield", "lambda", "async", "await", "while", "for", "if", "else", "try"),
@@ -124,12 +130,18 @@ def _wait_idle(client: httpx.Client, url: str) -> None:
         time.sleep(0.1)
 
 
+def settled_mb(client: httpx.Client, url: str, pid: int) -> float:
+    """The server's resident size once it is idle and has released what its steps freed."""
+    _wait_idle(client, url)
+    time.sleep(IDLE_RELEASE_S + SETTLE_S)
+    return resident_mb(pid)
+
+
 def _round(url: str, config: SoakConfig, round_: int) -> int:
     rng = random.Random(config.seed * 1000 + round_)
     planned = [_body(rng, i) for i in range(config.requests)]
     with httpx.Client() as client, ThreadPoolExecutor(config.clients) as pool:
         codes = list(pool.map(lambda p: _send(client, url, *p), planned))
-        _wait_idle(client, url)
     return sum(code != 200 for code in codes)
 
 
@@ -144,7 +156,7 @@ def _sweep(url: str, pid: int, lengths: int) -> list[tuple[int, float]]:
             response = client.post(url + "/v1/completions", json=body, timeout=300)
             response.raise_for_status()
             if n % 50 == 0 or n == lengths:
-                figures.append((n, resident_mb(pid)))
+                figures.append((n, settled_mb(client, url, pid)))
                 print(f"  sweep: {n:4d} lengths   RSS {figures[-1][1]:8.1f} MB", flush=True)
     return figures
 
@@ -171,7 +183,8 @@ def run_soak(config: SoakConfig) -> bool:
         for r in range(1, config.rounds + 1):
             started = time.monotonic()
             failed = _round(url, config, r)
-            after.append(resident_mb(server.pid))
+            with httpx.Client() as client:
+                after.append(settled_mb(client, url, server.pid))
             grown = after[-1] - after[-2] if len(after) > 1 else 0.0
             print(
                 f"round {r:2d}: {config.requests} requests, {failed} not 200, "
@@ -190,7 +203,7 @@ def run_soak(config: SoakConfig) -> bool:
                 flush=True,
             )
         if config.lengths:
-            before = resident_mb(server.pid)
+            before = after[-1] if after else resident_mb(server.pid)
             figures = _sweep(url, server.pid, config.lengths)
             sweep_growth = figures[-1][1] - before
             held = sweep_growth <= SWEEP_BOUND_MB

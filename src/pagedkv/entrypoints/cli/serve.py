@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pagedkv.accel.cpu.host_memory import use_one_arena
 from pagedkv.entrypoints.cli.engine_args import (
     add_engine_flags,
     add_model_flag,
@@ -287,6 +288,9 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("pagedkv.server")
     logging.getLogger("pagedkv").setLevel(args.log_level.upper())
     listener = bind_listener(options.host, options.port)  # a busy port fails before the load
+    # Before the load starts any thread: each allocates from the arena one release empties
+    # when the server idles (SRV-137, SRV-139).
+    use_one_arena()
     try:
         # the loader draws its progress bar where stderr is a terminal (SRV-122); no log line
         # here, so that an error while loading stays the one line on stderr (SRV-044)

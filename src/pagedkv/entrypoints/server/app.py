@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 
 from pagedkv import __version__
+from pagedkv.accel.cpu.host_memory import release_freed_memory
 from pagedkv.entrypoints.server.admission import AdmissionLimits
 from pagedkv.entrypoints.server.api_keys import ApiKeys
 from pagedkv.entrypoints.server.async_engine import AsyncEngine
@@ -163,7 +164,10 @@ def create_app(
         else reasoning_parser(config.reasoning_parser, engine.tokenizer)
     )
     metrics = ServingMetrics(model_name, engine.max_model_len)
-    bridge = AsyncEngine(engine, policy, observer=metrics.observe)
+    # Retained freed memory goes back to the system once the engine idles (SRV-137).
+    bridge = AsyncEngine(
+        engine, policy, observer=metrics.observe, release_memory=release_freed_memory
+    )
     metrics.watch_engine(bridge.stats)
 
     @asynccontextmanager

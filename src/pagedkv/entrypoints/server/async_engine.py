@@ -56,6 +56,12 @@ T = TypeVar("T")
 IDLE_POLL_S = 0.005
 #: Seconds ``shutdown`` waits for the engine thread to end.
 SHUTDOWN_TIMEOUT_S = 10.0
+#: Seconds the engine stays idle (no request unfinished, no command) after serving before the
+#: server gives the memory its steps freed back to the system (SRV-137): long enough that a
+#: client sending one request after another, or the gaps of a bursty load, do not pay for a
+#: release and for faulting the pages in again at every request; short enough that an idle
+#: server's size is its live memory within seconds.
+IDLE_RELEASE_S = 1.0
 #: Steps in a row that may raise before every request in flight is ended (SRV-023).
 MAX_STEP_ERRORS = 3
 
@@ -231,12 +237,26 @@ class AsyncEngine:
         policy: ServerPolicy,
         *,
         observer: Callable[[RequestOutput], None] | None = None,
+        release_memory: Callable[[], object] | None = None,
+        release_after_s: float = IDLE_RELEASE_S,
     ) -> None:
         """Args:
         engine: a freshly built engine with no requests.
         policy: what the server admits (prompts per request, queue depth, deadlines).
         observer: called on the engine thread with every output (metrics); must not raise.
+        release_memory: called on the engine thread once it has been idle for
+            ``release_after_s`` seconds after serving, once per idle spell (SRV-137): the
+            server passes :func:`~pagedkv.accel.cpu.host_memory.release_freed_memory`.
+            ``None``: nothing is released. What it raises is logged, never raised.
+        release_after_s: seconds of idleness before ``release_memory`` runs; at least 0.
+
+        Raises:
+            InvalidRequest: ``release_after_s`` below 0 or not finite.
         """
+        if not 0.0 <= release_after_s < float("inf"):
+            raise InvalidRequest(
+                f"release_after_s must be a finite number of seconds >= 0, not {release_after_s}"
+            )
         self._engine = engine
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._routes: dict[str, _Route] = {}
@@ -247,6 +267,12 @@ class AsyncEngine:
         self._admitting.set()
         self._deadlines = Deadlines()
         self._step_errors = 0
+        self._release_memory = release_memory
+        self._release_after_s = release_after_s
+        #: Whether the engine ran a step or a command since memory was last released.
+        self._release_due = False
+        self._commands_run = 0
+        self._releases = 0
         #: Tokenizes, renders and decodes apart from the engine thread (SRV-115).
         self.text = TextWorker(engine.tokenizer, engine.max_model_len)
         self.policy = policy
@@ -289,6 +315,11 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         """The engine's counters as of the end of its latest step or command."""
         return self._stats
+
+    @property
+    def memory_releases(self) -> int:
+        """How many times the engine thread, idle, released memory (SRV-137)."""
+        return self._releases
 
     # -- requests (event-loop side) ---------------------------------------------------------
 
@@ -426,13 +457,20 @@ class AsyncEngine:
         idle_timeout: float | None = None
         while True:
             busy = self._engine.has_unfinished_requests()
-            if not self._drain(idle_timeout if busy else None):
+            release = not busy and self._release_due and self._release_memory is not None
+            commands = self._commands_run
+            timeout = idle_timeout if busy else self._release_after_s if release else None
+            if not self._drain(timeout):
                 return
+            if release and self._commands_run == commands:  # idle all along
+                self._release()
+                continue
             idle_timeout = 0.0
             self._expire_deadlines()
             self._stats = self._engine.stats()
             if self._engine.has_unfinished_requests():
                 steps = self._stats.steps
+                self._release_due = True
                 if not self._step():
                     return
                 if self._stats.steps == steps:  # nothing could be scheduled: do not spin
@@ -451,6 +489,8 @@ class AsyncEngine:
                     command = self._commands.get_nowait()
                 except queue.Empty:
                     return True
+            self._commands_run += 1
+            self._release_due = True
             if isinstance(command, _Stop):
                 self._end_all(EngineUnavailable("the server is shutting down"))
                 self._fail_pending()
@@ -463,6 +503,20 @@ class AsyncEngine:
             else:
                 self._abort(command.request_ids)
             command = None
+
+    def _release(self) -> None:
+        """Give the memory steps freed back (SRV-137); a failure is logged, never raised."""
+        self._release_due = False
+        if self._release_memory is None:
+            return
+        started = time.perf_counter()
+        try:
+            self._release_memory()
+        except Exception as exc:  # the server serves on with the memory it holds
+            logger.warning("releasing freed memory failed: %r", exc)
+            return
+        self._releases += 1
+        logger.debug("released freed memory in %.1f ms", (time.perf_counter() - started) * 1e3)
 
     def _add(self, command: _Submit) -> None:
         if not command.accepted.set_running_or_notify_cancel():
@@ -535,7 +589,7 @@ class AsyncEngine:
 
     def _abort(self, request_ids: Sequence[str]) -> None:
         for request_id in request_ids:
-            self._routes.pop(request_id, None)
+            self._unroute(request_id)
             output = self._engine.abort(request_id)
             if output is not None:
                 self._observe(output)
@@ -573,7 +627,12 @@ class AsyncEngine:
             return
         route.sink.put(StreamItem(route.index, output, {}))  # texts: see GenerationStream
         if output.finished:
-            del self._routes[output.request_id]
+            self._unroute(output.request_id)
+
+    def _unroute(self, request_id: str) -> None:
+        """Forget everything the thread keeps for ``request_id``: it ended (SRV-138)."""
+        self._routes.pop(request_id, None)
+        self._deadlines.forget(request_id)
 
     def _fail(self, request_id: str, route: _Route, error: str) -> None:
         """End one request with :class:`RequestFailed`, aborting it if it still runs."""
@@ -604,4 +663,4 @@ class AsyncEngine:
             try:
                 self._abort([request_id])
             except Exception:  # the engine may be inconsistent after a failed step
-                self._routes.pop(request_id, None)
+                self._unroute(request_id)
