@@ -62,9 +62,10 @@ chaos: install
 
 # The server's resident memory over a long run (SRV-106, tests/soak.py): `pagedkv serve` on the
 # embedded model, RSS after each of 10 rounds of 600 mixed requests from 48 clients, then every
-# 50 of 600 distinct prompt lengths; prints the growth from round 3 to round 10 (bound 5 MB) and
-# over the sweep (bound 100 MB). Tens of minutes on two cores; SOAK_ARGS='--rounds 4
-# --requests 60' for a quick look.
+# 50 of 600 distinct prompt lengths, each read once the server is idle and has released what its
+# steps freed (SRV-137); prints the growth from round 3 to round 10 (bound 5 MB) and over the
+# sweep (bound 100 MB). About ten minutes on two cores; SOAK_ARGS='--rounds 4 --requests 60'
+# for a quick look.
 SOAK_ARGS ?=
 soak: install
 	$(BIN)/python tests/soak.py $(SOAK_ARGS)

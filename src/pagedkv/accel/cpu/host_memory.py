@@ -108,10 +108,10 @@ def release_freed_memory() -> bool:
     """Give every whole free page of the process's ``malloc`` arenas back to the system
     (glibc's ``malloc_trim(0)``), whatever the thresholds; live blocks are untouched.
 
-    It walks every arena's free blocks, holding each arena's lock while it does: a few
-    milliseconds for the tens of megabytes a server's steps leave free, so it belongs where
-    nothing waits on it (an idle server), not between steps. The pages given back are
-    faulted in again when next used.
+    It walks every arena's free blocks, holding each arena's lock while it does: about 10 ms
+    after 250 MB of blocks of 4 to 300 KB were freed here, under 1 ms when little was, so it
+    belongs where nothing waits on it (an idle server), not between steps. The pages given
+    back are faulted in again when next used.
 
     Returns:
         Whether memory was given back; ``False``, changing nothing, where
