@@ -45,7 +45,10 @@ EVENTS_BEFORE = 20
 #: the scheduler alone stretches a 15 ms gap past twice: at a load average of 16 the stream
 #: gapped 130 ms alone and 713 ms while the four bodies were refused. The stall this catches,
 #: tokenization on the engine thread, was 3.4-12 s (12 s at a load of 12-17). Refusing the four
-#: bodies takes the event loop about 4 ms of CPU each (receiving and parsing 1 MB of JSON).
+#: bodies takes the event loop about 4 ms of CPU each (receiving and parsing 1 MB of JSON), under
+#: the interpreter's lock wherever it runs: parsed on another thread, or not parsed at all, the
+#: gap under the bodies was no shorter (SRV-117's rationale has the figures), so no floor of a
+#: few times the gap alone would hold.
 STALL_FLOOR_S = 1.5
 
 
