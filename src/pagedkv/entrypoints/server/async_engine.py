@@ -318,7 +318,8 @@ class AsyncEngine:
 
     @property
     def memory_releases(self) -> int:
-        """How many times the engine thread, idle, released memory (SRV-137)."""
+        """How many times the engine thread, idle, ran its release (SRV-137) and the release
+        returned (whether or not it found memory to give back)."""
         return self._releases
 
     # -- requests (event-loop side) ---------------------------------------------------------
