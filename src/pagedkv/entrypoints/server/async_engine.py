@@ -8,7 +8,9 @@ and sends ids back, so no request body, however big, holds up the steps of the o
 Request handlers submit work through a thread-safe command queue and receive each request's
 outputs on their own ``asyncio.Queue``, filled from the engine thread with
 ``loop.call_soon_threadsafe``. The thread steps while any request is unfinished and sleeps on
-the command queue otherwise.
+the command queue otherwise; once it has slept :data:`IDLE_RELEASE_S` after serving, it gives
+the memory its steps freed back to the system (SRV-137), and it keeps nothing of a request
+that ended (SRV-138).
 
 Admission (see :mod:`pagedkv.entrypoints.server.policy`) happens at both ends: the prompt
 count is checked when a request is submitted, the queue depth on the engine thread when it is
