@@ -1,5 +1,6 @@
-"""A long-running server's memory: it gives freed memory back once idle (SRV-137) and keeps
-nothing of a request that ended (SRV-138).
+"""A long-running server's memory: it gives freed memory back once idle (SRV-137), keeps
+nothing of a request that ended (SRV-138), and allocates from one arena so that a release
+reaches all of it (SRV-139).
 
 The engine thread's behaviour is shown over the hash stand-in runner with a release function
 that records when it runs; what glibc's release does to a process's size is shown in a fresh
@@ -208,6 +209,7 @@ def test_a_release_gives_freed_memory_back() -> None:
     assert figures["after"] < figures["freed"] - 200, figures
 
 
+@pytest.mark.spec("SRV-137")
 def test_release_is_a_no_op_without_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
     """Catches a release that calls ``malloc_trim`` in a C library without it."""
     monkeypatch.setattr("platform.libc_ver", lambda: ("", ""))
