@@ -181,3 +181,40 @@ def test_a_spent_budget_starts_no_part_and_says_so(tmp_path: Path) -> None:
         f"cut: {name}" for name, _, _ in device.PARTS
     ]
     assert cli.main(["--budget-s", "0", "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.spec("ENG-209")
+def test_a_workload_in_its_own_process_keeps_the_time_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full run measures each workload in a fresh process, which is told the seconds left
+    (--seconds-left) and sets its own deadline from them; a workload that would start after
+    the budget is not started, and says so. Kills a budget lost on the way to the child (its
+    parts would then run unbounded) and a suite that starts workloads past it."""
+    from pagedkv.bench import isolated, suite
+    from pagedkv.bench.workloads import Workload, WorkloadTable
+
+    seen: list[float | None] = []
+
+    def probe() -> object:
+        def run(ctx: BenchContext, checkpoint: object, vocab: int) -> WorkloadResult:
+            seen.append(None if ctx.deadline is None else ctx.deadline - time.perf_counter())
+            return WorkloadResult("probe")
+
+        return run
+
+    table = WorkloadTable((Workload("probe", probe),), child_module="unused")  # type: ignore[arg-type]
+    monkeypatch.setattr(isolated, "small_checkpoint", lambda cache: tiny_checkpoint(tmp_path))
+    result_file = tmp_path / "result.json"
+    args = ["probe", str(result_file), "--threads", "1", "--cache-dir", str(tmp_path)]
+    assert isolated.main([*args, "--seconds-left", "50", "--quiet"], table) == 0
+    assert isolated.main([*args, "--quiet"], table) == 0
+    assert seen[0] is not None
+    assert 40 < seen[0] <= 50
+    assert seen[1] is None
+    spent = BenchContext(
+        quick=True, threads=1, cache_dir=tmp_path, verbose=False, deadline=time.perf_counter()
+    )
+    skipped = suite._run_one(table, "probe", spent, tiny_checkpoint(tmp_path), 256)
+    assert skipped.notes == ["cut: probe not started: the run's time budget was spent"]
+    assert len(seen) == 2
