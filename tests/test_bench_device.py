@@ -126,6 +126,8 @@ def test_every_row_is_measured_printed_and_written(
             key = f"device.{row}_{system}_fraction_of_bound"
             assert document["ratios"][key] == pytest.approx(figures["fraction_of_bound"], abs=1e-3)
     assert document["ratios"]["device.bf16_bs4_pagedkv_vs_hf-generate"] is not None
+    for target in device.TARGETS:  # the GPU run's goals name ratios the rows make
+        assert f"device.{target[0].replace('bs32', 'bs4')}" in document["ratios"]
     made = workload["figures"]["nanovllm"]
     assert made["output_tokens_made"] == made["output_tokens_asked"]
     log = capsys.readouterr().err
