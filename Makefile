@@ -9,7 +9,7 @@ BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
 .PHONY: install demo test conformance conformance-compiled conformance-tp conformance-vllm vllm-install \
-	typecheck lint clean bench bench-gate chaos soak mutation certify certify-vllm
+	typecheck lint clean bench bench-gate chaos soak mutation certify certify-vllm gpu-check
 
 install: $(VENV)/.installed
 
@@ -154,6 +154,17 @@ GATE_ENV := OMP_WAIT_POLICY=PASSIVE
 bench-gate: install
 	$(GATE_ENV) $(HARNESS) $(BIN)/python -m $(HARNESS_PACKAGE) --quick --threads 1 \
 		--out build/bench-quick --gate bench/floors.json
+
+# The prepared device check (scripts/gpu_check.sh): on one H100 or H200 within 8 minutes, the
+# CUDA golden and conformance tests, then the bench's device workload (batch-1 decode, 8 and 32
+# requests and the mixed workload against transformers, nano-vllm's workload; each row with its
+# fraction of the memory bound), each part under its own time limit. Output to GPU_CHECK_OUT.
+# No install step: a GPU machine runs it with its own python3 (PYTHON=...).
+# GPU_CHECK_ARGS=--tiny runs the plumbing on the CPU.
+GPU_CHECK_OUT ?= build/gpu-check
+GPU_CHECK_ARGS ?=
+gpu-check:
+	bash scripts/gpu_check.sh $(GPU_CHECK_ARGS) $(GPU_CHECK_OUT)
 
 # Mutation testing of the reference (mutmut, installed here): kv/, the PagedStore and engine/,
 # one package at a time with targeted tests (scripts/mutation.py); prints the score per

@@ -20,7 +20,7 @@ def test_the_project_runs_pagedkv_benchs_workloads_and_the_peers_after_parallel(
     names.insert(names.index("parallel") + 1, "peers")
     assert PROJECT_WORKLOADS.names == tuple(names)
     assert PROJECT_WORKLOADS.quick_names == PAGEDKV_WORKLOADS.quick_names
-    assert PROJECT_WORKLOADS.cuda_names == ("decode", "peers")
+    assert PROJECT_WORKLOADS.cuda_names == ("decode", "device", "peers")
     assert PROJECT_WORKLOADS.child_module == "pagedkv_bench.isolated"
     assert "peers" not in PAGEDKV_WORKLOADS.names
 

@@ -113,13 +113,16 @@ def test_a_capture_warm_up_writes_only_the_plans_own_slots(
     must write no slot but the plan's, so the tokens stay the ordinary path's."""
     warm_ups: list[int] = []
 
-    def captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    def captured(
+        step: Callable[[], None], device: torch.device, pool: object
+    ) -> Callable[[], None]:
         for _ in range(2):
             step()
             warm_ups.append(1)
         return step
 
     monkeypatch.setattr(static_decode, "_captured", captured)
+    monkeypatch.setattr(static_decode, "_capture_pool", object)
     model = load_model(checkpoint)
     store = runner_store(paged_runner(checkpoint))
 

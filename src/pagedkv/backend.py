@@ -218,11 +218,16 @@ def load_engine(
     device: str = DEFAULT_DEVICE,
     generation_config: str = "auto",
     tensor_parallel_size: int = 1,
+    runner_options: RunnerOptions | None = None,
 ) -> Engine:
     """The reference backend's engine for a model directory (see
     :meth:`ReferenceBackend.load_engine`), typed as the :class:`~pagedkv.interfaces.Engine`
-    Protocol its users live on; its model split over ``tensor_parallel_size`` ranks."""
-    return ReferenceBackend(tensor_parallel_size=tensor_parallel_size).load_engine(
+    Protocol its users live on; its model split over ``tensor_parallel_size`` ranks and run
+    with ``runner_options`` (unset: the defaults)."""
+    return ReferenceBackend(
+        tensor_parallel_size=tensor_parallel_size,
+        runner_options=runner_options or RunnerOptions(),
+    ).load_engine(
         model_dir, config, dtype=dtype, device=device, generation_config=generation_config
     )
 

@@ -1,12 +1,15 @@
 """Decode steps of fixed shapes: replayed from CUDA graphs, or compiled once per shape.
 
 A decode step (every sequence computes one token) is run on buffers of a fixed size: ``Bp``
-rows, the batch size rounded up to a power of two, and a gather ``Wp`` positions wide, the
-longest context rounded up to a power of two (at least :data:`MIN_WIDTH`). Each ``(Bp, Wp)``
-has its own buffers and its own runner of the step:
+rows, the batch size padded up to the next of the captured sizes 1, 2, 4, ... up to the largest
+batch (:func:`capture_sizes`, :func:`padded_size`; ENG-206), and a gather ``Wp`` positions wide,
+the longest context rounded up to a power of two (at least :data:`MIN_WIDTH`). Each
+``(Bp, Wp)`` has its own buffers and its own runner of the step:
 
 * on CUDA, a CUDA graph captured on first use and replayed after (one launch per step, no
-  Python per layer, no host synchronisation inside);
+  Python per layer, no host synchronisation inside), every graph of one runner captured into
+  one memory pool (replays never overlap, and each step's output is copied into buffers
+  allocated outside the pool, so the graphs may share their temporaries);
 * elsewhere, the step run eagerly or, with ``compile``, a ``torch.compile`` of it (inductor,
   the weights frozen into it as constants and packed), compiled on first use of the shape.
 
@@ -24,7 +27,7 @@ Before a step runs, the runner has already checked its plan against the store
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch._inductor import config as inductor_config
@@ -47,6 +50,32 @@ def bucket(n: int, least: int = 1) -> int:
     while size < n:
         size *= 2
     return size
+
+
+def capture_sizes(max_batch: int) -> tuple[int, ...]:
+    """The batch sizes decode steps run at: 1, 2, 4, ... below ``max_batch``, and
+    ``max_batch`` itself (ENG-206).
+
+    Raises:
+        InvalidRequest: ``max_batch`` below 1.
+    """
+    if max_batch < 1:
+        raise InvalidRequest(f"the largest captured batch must be >= 1, got {max_batch}")
+    sizes = []
+    size = 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_batch)
+
+
+def padded_size(batch: int, sizes: tuple[int, ...]) -> int | None:
+    """The smallest of ``sizes`` (ascending) that holds ``batch`` sequences; ``None`` when
+    none does (the batch runs the ordinary path)."""
+    for size in sizes:
+        if size >= batch:
+            return size
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,10 +159,12 @@ class StaticDecode:
         self.model = model
         self.store = store
         self.max_batch = max_batch
+        self.batch_sizes = capture_sizes(max_batch)
         self.max_width = max_width
         self.cuda_graphs = cuda_graphs
         self.compile = compile and not cuda_graphs
         self._steps: dict[tuple[int, int], tuple[_Buffers, Callable[[], None]]] = {}
+        self._pool: object | None = None  # shared by every capture; made at the first
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -152,7 +183,10 @@ class StaticDecode:
         """Logits ``[B, vocab]`` (float32, on the model's device) of a plan that :meth:`fits`."""
         seqs = plan.num_seqs
         width = max(g.width for g in metadata.layout.groups)
-        key = (bucket(seqs), bucket(width, MIN_WIDTH))
+        rows = padded_size(seqs, self.batch_sizes)
+        if rows is None:
+            raise InvalidRequest(f"a static decode step takes at most {self.max_batch} sequences")
+        key = (rows, bucket(width, MIN_WIDTH))
         if key in self._steps:
             buffers, step = self._steps[key]
             self._fill(buffers, plan)
@@ -229,7 +263,9 @@ class StaticDecode:
             buffers.logits.copy_(self.model(plan, attention))
 
         if self.cuda_graphs:
-            return _captured(step, device)
+            if self._pool is None:
+                self._pool = _capture_pool()
+            return _captured(step, device, self._pool)
         if self.compile:
             return _frozen(torch.compile(step, dynamic=False))
         return step
@@ -250,9 +286,15 @@ def _frozen(compiled: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
-    """``step`` captured as a CUDA graph (after warm-up runs on a side stream): replaying it
-    reruns its kernels on the buffers it captured.
+def _capture_pool() -> object:
+    """A new memory pool for CUDA graph captures (``torch.cuda.graph_pool_handle``)."""
+    return torch.cuda.graph_pool_handle()
+
+
+def _captured(step: Callable[[], None], device: torch.device, pool: object) -> Callable[[], None]:
+    """``step`` captured as a CUDA graph (after warm-up runs on a side stream) into the memory
+    pool ``pool``, which other captures of the same runner share: replaying it reruns its
+    kernels on the buffers it captured.
 
     Precondition: the buffers hold the plan about to run; the warm-up runs write its K/V.
     """
@@ -263,13 +305,31 @@ def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], No
             step()
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):  # type: ignore[arg-type]
         step()
     return graph.replay
 
 
 #: Largest decode batch run by :class:`StaticDecode` (larger ones take the ordinary path).
 STATIC_MAX_BATCH = 256
+
+
+def resolve_cuda_graphs(
+    options: RunnerOptions, model: Qwen3ForCausalLM, store: PagedStore | None
+) -> RunnerOptions:
+    """``options`` with ``cuda_graphs`` decided (ENG-205): as given when set; unset, on for a
+    v1 runner over the reference store whose model is on a CUDA device, whole (one rank) and
+    not compiled, off elsewhere."""
+    if options.cuda_graphs is not None:
+        return options
+    device = next(model.parameters()).device
+    wanted = (
+        device.type == "cuda"
+        and isinstance(store, TorchPagedStore)
+        and not options.compile
+        and model.layout.size == 1
+    )
+    return replace(options, cuda_graphs=wanted)
 
 
 def static_store(
@@ -305,6 +365,6 @@ def static_decode_over(
         store,
         max_batch=STATIC_MAX_BATCH,
         max_width=min(model.config.max_positions, config.num_pages * config.page_size),
-        cuda_graphs=options.cuda_graphs,
+        cuda_graphs=options.cuda_graphs is True,
         compile=options.compile,
     )

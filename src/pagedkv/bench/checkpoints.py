@@ -179,3 +179,18 @@ def _spec_matches(path: Path, spec: dict[str, Any]) -> bool:
 
 def _write_spec(path: Path, spec: dict[str, Any]) -> None:
     (path / SPEC_FILE).write_text(json.dumps(spec, sort_keys=True) + "\n", encoding="utf-8")
+
+
+#: The tiny checkpoint of the device workload's CPU plumbing run (``--quick``).
+TINY_DEVICE = TinySpec(seed=0)
+
+
+def tiny_checkpoint(cache_dir: Path) -> Checkpoint:
+    """A tiny random Qwen3 (:data:`TINY_DEVICE`), built once into ``cache_dir``."""
+    path = cache_dir / "device-tiny"
+    spec = asdict(TINY_DEVICE)
+    if not _spec_matches(path, spec):
+        shutil.rmtree(path, ignore_errors=True)
+        build_tiny_checkpoint(TINY_DEVICE, path)
+        _write_spec(path, spec)
+    return Checkpoint(path, "device-tiny", "a tiny random Qwen3 for the CPU plumbing run")

@@ -64,6 +64,14 @@ def add_arguments(
         "~/.cache/pagedkv/bench)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every workload")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="time budget of the run: a workload that would start after it is skipped, and "
+        "the device workload's parts each stop at their share, each saying so in the results",
+    )
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument(
@@ -105,6 +113,9 @@ def run(
         return 0
     if args.threads is not None and args.threads < 1:
         print("bench: error: --threads must be >= 1", file=sys.stderr)
+        return 2
+    if args.budget_s is not None and not args.budget_s > 0:
+        print("bench: error: --budget-s must be > 0", file=sys.stderr)
         return 2
     if args.device == "cuda":
         import torch

@@ -32,6 +32,8 @@ class BenchContext:
         seed: seed of every workload's request generator.
         verbose: print progress lines to stderr.
         started: ``time.perf_counter()`` at the start of the run, seconds.
+        deadline: when the run's time budget ends (``time.perf_counter()`` seconds), or
+            ``None`` for no budget (ENG-209).
     """
 
     quick: bool
@@ -41,6 +43,7 @@ class BenchContext:
     seed: int = 0
     verbose: bool = True
     started: float = field(default_factory=time.perf_counter)
+    deadline: float | None = None
 
     def log(self, message: str) -> None:
         """Print a progress line, prefixed by the seconds elapsed since the run started."""

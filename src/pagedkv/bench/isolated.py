@@ -54,6 +54,11 @@ def run_isolated(
             str(ctx.seed),
             "--elapsed",
             str(time.perf_counter() - ctx.started),
+            *(
+                []
+                if ctx.deadline is None
+                else ["--seconds-left", str(ctx.deadline - time.perf_counter())]
+            ),
             *([] if ctx.verbose else ["--quiet"]),
         ]
         done = subprocess.run(command, check=False)
@@ -79,8 +84,10 @@ def main(argv: list[str] | None = None, table: WorkloadTable = PAGEDKV_WORKLOADS
     parser.add_argument("--cache-dir", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--elapsed", type=float, default=0.0)
+    parser.add_argument("--seconds-left", type=float, default=None)
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    now = time.perf_counter()
     ctx = BenchContext(
         quick=False,
         threads=args.threads,
@@ -88,7 +95,8 @@ def main(argv: list[str] | None = None, table: WorkloadTable = PAGEDKV_WORKLOADS
         cache_dir=args.cache_dir,
         seed=args.seed,
         verbose=not args.quiet,
-        started=time.perf_counter() - args.elapsed,
+        started=now - args.elapsed,
+        deadline=None if args.seconds_left is None else now + args.seconds_left,
     )
     quiet_transformers()
     torch.set_num_threads(ctx.threads)

@@ -36,10 +36,10 @@ def load_runner(
     options: RunnerOptions | None = None,
 ) -> ModelRunner:
     """The checkpoint's model with a preallocated K/V pool of ``num_pages`` pages, run with
-    ``options``; unset, the defaults, and on CUDA decode steps replayed from CUDA graphs
-    (ENG-113)."""
+    ``options``; unset, the defaults (on CUDA, decode steps replayed from CUDA graphs:
+    ENG-205)."""
     if options is None:
-        options = RunnerOptions(cuda_graphs=device.startswith("cuda"))
+        options = RunnerOptions()
     return ModelRunner.from_model_dir(
         checkpoint.path,
         num_pages=num_pages,

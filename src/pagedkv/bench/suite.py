@@ -48,6 +48,8 @@ def run_suite(args: argparse.Namespace, table: WorkloadTable) -> SuiteRun:
         seed=args.seed,
         verbose=not args.quiet,
     )
+    if args.budget_s is not None:
+        ctx.deadline = ctx.started + args.budget_s
     quiet_transformers()
     torch.set_num_threads(ctx.threads)
     selected = args.only or (table.quick_names if ctx.quick else table.names)
@@ -76,6 +78,10 @@ def run_suite(args: argparse.Namespace, table: WorkloadTable) -> SuiteRun:
 def _run_one(
     table: WorkloadTable, name: str, ctx: BenchContext, checkpoint: Checkpoint, vocab: int
 ) -> WorkloadResult:
+    if ctx.deadline is not None and time.perf_counter() >= ctx.deadline:
+        note = f"cut: {name} not started: the run's time budget was spent"
+        ctx.log(note)
+        return WorkloadResult(name, notes=[note])
     if ctx.quick:
         return run_workload(table, name, ctx, checkpoint, vocab)
     return run_isolated(name, ctx, table.child_module)

@@ -145,6 +145,12 @@ def _decode() -> Runner:
     return lambda ctx, checkpoint, vocab: decode.run(ctx)
 
 
+def _device() -> Runner:
+    from pagedkv.bench import device
+
+    return lambda ctx, checkpoint, vocab: device.run(ctx)
+
+
 def _detokenize() -> Runner:
     from pagedkv.bench import detokenize
 
@@ -182,6 +188,7 @@ PAGEDKV_WORKLOADS = WorkloadTable(
         Workload("mixed", _mixed, quick=True),
         Workload("scaling", _scaling),
         Workload("decode", _decode, cuda=True),
+        Workload("device", _device, cuda=True),
         Workload("detokenize", _detokenize),
         Workload("structured", _structured),
         Workload("parallel", _parallel),

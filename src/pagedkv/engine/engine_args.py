@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedkv.device import DEFAULT_DEVICE, cuda_total_bytes
 from pagedkv.engine.config import CacheMode, EngineConfig, SchedulingPolicy
+from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -112,6 +113,11 @@ class EngineArgs:
                 f"tokenizer={self.tokenizer!r}: pagedkv reads the tokenizer from the model "
                 "directory; a tokenizer elsewhere is not supported"
             )
+
+    def runner_options(self) -> RunnerOptions:
+        """How the model runner runs (ENG-205): ``enforce_eager`` turns CUDA graphs off; left
+        ``False``, the runner's default (graphs on where the model is on CUDA)."""
+        return RunnerOptions(cuda_graphs=False) if self.enforce_eager else RunnerOptions()
 
     def engine_config(self, model_dir: Path) -> EngineConfig:
         """The engine configuration these arguments ask for, for the checkpoint in
@@ -328,8 +334,8 @@ ENGINE_ARGS: tuple[ArgSpec, ...] = (
     ArgSpec(
         "enforce_eager",
         None,
-        "accepted for vLLM's scripts: pagedkv runs the model eagerly either way (no CUDA "
-        "graphs, no compilation from this command)",
+        "run every step eagerly: on CUDA, decode steps are otherwise replayed from CUDA graphs "
+        "(captured per padded batch size, ENG-205); elsewhere nothing is captured either way",
     ),
     ArgSpec(
         "chat_template",
@@ -387,7 +393,10 @@ UNSUPPORTED_ARGS: Mapping[str, tuple[tuple[object, ...], str]] = {
     "max_loras": ((None,), "LoRA adapters are not supported"),
     "max_lora_rank": ((None,), "LoRA adapters are not supported"),
     "enable_chunked_prefill": ((None, True), "pagedkv always prefills long prompts in chunks"),
-    "max_seq_len_to_capture": ((None,), "pagedkv captures no CUDA graphs from LLM"),
+    "max_seq_len_to_capture": (
+        (None,),
+        "CUDA graphs are captured for every context length the KV pool holds",
+    ),
     "disable_custom_all_reduce": ((None, False), "pagedkv has no custom all-reduce"),
     "hf_overrides": ((None, {}), "the checkpoint's config.json is read as it is"),
     "limit_mm_per_prompt": ((None, {}), "Qwen3 takes text only"),
@@ -468,6 +477,7 @@ def load_engine_from_args(args: EngineArgs) -> Engine:
         device=args.device,
         generation_config=args.generation_config,
         tensor_parallel_size=args.tensor_parallel_size,
+        runner_options=args.runner_options(),
     )
     if args.chat_template is not None:
         if engine.tokenizer is None:

@@ -17,7 +17,12 @@ import torch
 from pagedkv.accel.cpu.builder import build_cpu_model, weight_nbytes
 from pagedkv.accel.cpu.host_memory import retain_freed_memory
 from pagedkv.accel.cpu.primitive_cache import cap_primitive_caches
-from pagedkv.accel.static_decode import StaticDecode, static_decode_over, static_store
+from pagedkv.accel.static_decode import (
+    StaticDecode,
+    resolve_cuda_graphs,
+    static_decode_over,
+    static_store,
+)
 from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
@@ -57,7 +62,7 @@ class ModelRunner:
         options: RunnerOptions | None = None,
         static_decode: StaticDecodeOf | None = None,
     ) -> None:
-        self.options = options or RunnerOptions()
+        self.options = resolve_cuda_graphs(options or RunnerOptions(), model, store)
         if next(model.parameters()).device.type == "cpu":
             # Before the first oneDNN product (packing the weights is one), which reads them
             # (ENG-197).

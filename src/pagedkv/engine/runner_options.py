@@ -25,7 +25,10 @@ class RunnerOptions:
             holds its own packed copy of the weights. Faster than eager in bfloat16, slower
             in float32. Prefill runs eagerly. v1 runners only.
         cuda_graphs: replay decode steps from CUDA graphs captured per fixed shape
-            (:mod:`pagedkv.accel.static_decode`); v1 runners on a CUDA device only.
+            (:mod:`pagedkv.accel.static_decode`); v1 runners on a CUDA device only. ``None``
+            (the default): on for a v1 runner over the reference store whose model is on a
+            CUDA device, unsharded and not compiled, off elsewhere (ENG-205); vLLM's
+            ``enforce_eager=True`` sets it ``False``.
         retain_freed_memory: keep the memory steps free inside the process, so that their
             large temporaries are not faulted in again layer after layer
             (:mod:`pagedkv.accel.cpu.host_memory`; a setting of the whole process). ``None``
@@ -64,7 +67,7 @@ class RunnerOptions:
 
     pack_weights: bool | None = None
     compile: bool = False
-    cuda_graphs: bool = False
+    cuda_graphs: bool | None = None
     retain_freed_memory: bool | None = None
     fused_norms: bool | None = None
     fused_swiglu: bool | None = None
