@@ -13,8 +13,12 @@ from pagedkv_conformance.loading import STORE_DEFAULTS, MakePagedStore
 from pagedkv_conformance.suite_paged_store import PagedStoreSuite
 
 
+@pytest.mark.spec("PST-045", "PST-047")
 class TestTritonStore(PagedStoreSuite):
-    """specs/paged-store.md through the Triton kernels."""
+    """specs/paged-store.md through the Triton kernels: each suite test kills, on this store,
+    the broken kernel it kills on the reference (a leaked NaN tail, a causal mask off by one,
+    a result that depends on page placement, state kept between batches, a host read in a
+    layer's call)."""
 
     @pytest.fixture
     def make_paged_store(self) -> MakePagedStore:
