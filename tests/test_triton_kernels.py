@@ -6,7 +6,11 @@ several ways, continuing chunks and padded rows."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -306,3 +310,26 @@ def test_store_attention_of_a_mixed_step_reads_pages_written_by_the_store_kernel
     got = store.attention(0, query, metadata, 0.25)
     want = reference.attention(0, query, reference.prepare(batch), 0.25)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.spec("PST-047")
+def test_every_kernel_compiles_for_a_cuda_gpu_without_one() -> None:
+    """``tests/triton_gpu_compile.py``, in a process whose kernels are defined for a GPU,
+    compiles each kernel through Triton's compiler and ptxas for ``sm_90`` with the 0.6B
+    model's heads in bfloat16 and float32. Kills what the interpreter lets through and a GPU
+    refuses: a ``tl.dot`` tile under 16, operands of two dtypes, a precision that is not a
+    compile-time string, a branch the code generator cannot lower."""
+    script = Path(__file__).with_name("triton_gpu_compile.py")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run(
+        [sys.executable, str(script), "90"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = [line.split()[0] for line in done.stdout.splitlines()]
+    assert sorted(set(compiled)) == [
+        "_decode_merge_kernel",
+        "_decode_split_kernel",
+        "_prefill_kernel",
+        "_store_kv_kernel",
+    ]
+    assert len(compiled) == 7
