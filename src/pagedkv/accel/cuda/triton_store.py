@@ -11,7 +11,8 @@ up to its length. Like the reference store it decides no ownership: it writes at
 reads through the page tables it is given (PST-030).
 
 Each step, :meth:`TritonPagedStore.prepare` checks the batch as the reference store does
-(PST-003) and moves the step's offsets, lengths and page tables to the pools' device once;
+(PST-003) and moves the step's offsets, lengths and page tables to the pools' device in one
+copy;
 ``write`` and ``attention`` then read no value on the host (PST-016).
 """
 
@@ -181,18 +182,27 @@ class TritonPagedStore:
         decode = [b for b in range(num_seqs) if q_lens[b] == 1]
         prefill = [b for b in range(num_seqs) if q_lens[b] > 1]
 
-        def ints(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32, device=self._device)
-
+        # Everything the kernels read, in one int32 buffer moved to the device in one copy.
+        columns = tables.shape[1]
+        lengths = (num_seqs + 1, num_seqs, len(decode), len(decode), len(prefill))
+        small = starts + contexts + decode + [starts[b] for b in decode] + prefill
+        host = torch.cat(
+            [
+                torch.tensor(small, dtype=torch.int32),
+                tables.to(device="cpu", dtype=torch.int32).flatten(),
+            ]
+        )
+        packed = host.to(self._device)
+        parts = torch.split(packed[: len(small)], list(lengths))
         return TritonAttentionMetadata(
             num_slots=self._store.num_slots,
             num_rows=starts[-1],
-            query_start=ints(starts),
-            context_lens=ints(contexts),
-            page_tables=tables.to(device=self._device, dtype=torch.int32).contiguous(),
-            decode_seqs=ints(decode),
-            decode_rows=ints([starts[b] for b in decode]),
-            prefill_seqs=ints(prefill),
+            query_start=parts[0],
+            context_lens=parts[1],
+            page_tables=packed[len(small) :].view(num_seqs, columns),
+            decode_seqs=parts[2],
+            decode_rows=parts[3],
+            prefill_seqs=parts[4],
             longest_chunk=max((q_lens[b] for b in prefill), default=0),
             decode_splits=decode_splits(max((contexts[b] for b in decode), default=1)),
         )
