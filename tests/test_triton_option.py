@@ -20,7 +20,7 @@ from pagedkv.backend import triton_backend
 from pagedkv.engine.runner import ModelRunner
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import StoreConfig
+from pagedkv.interfaces import PagedStore, StoreConfig
 from pagedkv.model.loader import load_model
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.store.paged_store import TorchPagedStore
@@ -67,6 +67,7 @@ def test_triton_puts_its_store_over_the_given_pools_and_leaves_them_the_referenc
     runner = ModelRunner.paged(model, store, TRITON)
     chosen = runner._store
     assert isinstance(chosen, TritonPagedStore)
+    assert isinstance(chosen, PagedStore)
     assert chosen.reference is store
     assert chosen._layer(1)[0].data_ptr() == store.key_pool(1).data_ptr()
     assert attention_store(store, RunnerOptions()) is store
@@ -105,6 +106,15 @@ def test_triton_where_there_are_no_pages_or_no_reference_pools_is_refused(
 
 
 @pytest.mark.spec("ENG-199")
+def test_triton_on_a_device_other_than_cuda_is_refused() -> None:
+    """A pool on the ``meta`` device (no data, another device than the CPU): refused naming
+    CUDA. Kills a choice that launches on whatever device the pool is on."""
+    store = TorchPagedStore(StoreConfig(1, 1, 4, 2, 2, device="meta"))
+    with pytest.raises(InvalidRequest, match="runs on a CUDA device, not on meta"):
+        attention_store(store, TRITON)
+
+
+@pytest.mark.spec("ENG-199")
 def test_triton_not_installed_is_refused(
     model: Qwen3ForCausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,7 +139,7 @@ def test_triton_on_a_cpu_pool_without_the_interpreter_is_refused(tmp_path: Path)
         "from pagedkv.accel.cuda.attention_choice import attention_store\n"
         "from pagedkv.engine.runner_options import RunnerOptions\n"
         "from pagedkv.errors import InvalidRequest\n"
-        "from pagedkv.interfaces import StoreConfig\n"
+        "from pagedkv.interfaces import PagedStore, StoreConfig\n"
         "from pagedkv.store.paged_store import TorchPagedStore\n"
         "store = TorchPagedStore(StoreConfig(1, 1, 4, 2, 2))\n"
         "try:\n"
