@@ -20,10 +20,10 @@ tail of its last page never are. A sequence of context 0 (a padded row of a fixe
 reads nothing and gets zeros. Every tile enters ``tl.dot`` in float32 at IEEE precision (not
 TF32): a decode is bound by its reads, not its products, and a 16-bit result is then the
 float32 one rounded once (PST-018). The number of splits is the smallest power of two, at
-most :data:`~pagedkv.accel.cuda.kernel_shapes.MAX_DECODE_SPLITS`, that gives no split less
-than a tile of the step's longest decoding context
-(:func:`~pagedkv.accel.cuda.kernel_shapes.decode_splits`): a short context is not cut into
-empty programs.
+most :data:`~pagedkv.accel.cuda.kernel_shapes.MAX_DECODE_SPLITS`, whose splits of one tile
+each cover the step's longest decoding context
+(:func:`~pagedkv.accel.cuda.kernel_shapes.decode_splits`): a short step is not cut into
+programs that read nothing.
 """
 
 from __future__ import annotations

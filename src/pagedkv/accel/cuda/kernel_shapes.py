@@ -22,20 +22,14 @@ def block_of(size: int, least: int = DOT_MIN) -> int:
     return block
 
 
-def split_length(context: int, num_splits: int, block_n: int) -> int:
-    """Positions each of ``num_splits`` splits of a ``context``-long decode reads: the even
-    share rounded up to whole tiles of ``block_n``, so no tile straddles two splits (the last
-    splits of a short context may be empty). The decode kernel computes the same in Triton;
-    this is its host twin, which the tests hold the kernel's reads to."""
-    share = -(-context // num_splits)
-    return -(-share // block_n) * block_n
-
-
 def decode_splits(longest: int) -> int:
     """Splits of every decoding context of a step whose longest is ``longest`` positions: the
-    smallest power of two, at most :data:`MAX_DECODE_SPLITS`, whose splits of ``longest`` are
-    at least a tile (:data:`DECODE_BLOCK_N`) each. A power of two, since the merge reads the
-    splits as one tile; few values, so few compiled variants of the kernel."""
+    smallest power of two, at most :data:`MAX_DECODE_SPLITS`, whose splits of one tile
+    (:data:`DECODE_BLOCK_N` positions) each cover ``longest``: no split of the longest context
+    is empty, and a short step is not cut into programs that read nothing. The kernel gives
+    each split of a context its even share rounded up to whole tiles, so a shorter context's
+    last splits may be empty. A power of two, since the merge reads the splits as one tile;
+    few values, so few compiled variants of the kernel."""
     splits = 1
     while splits < MAX_DECODE_SPLITS and splits * DECODE_BLOCK_N < longest:
         splits *= 2
