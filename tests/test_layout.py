@@ -306,3 +306,58 @@ def test_a_literal_device_default_is_found(tmp_path: Path) -> None:
     source = tmp_path / "probe.py"
     source.write_text('def f(a, device="cpu", *, kind: str = "cuda", n=1): ...\n')
     assert literal_device_defaults([source]) == ["probe.py:1 device", "probe.py:1 kind"]
+
+
+#: The modules of the CUDA room that import triton (or a module that does) at their top.
+TRITON_MODULES = ("store_kernel", "decode_kernel", "prefill_kernel", "triton_store")
+
+
+def top_level_imports(path: Path, root: Path) -> set[str]:
+    """The modules ``path`` imports outside any function (its import-time dependencies)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            inside.update(id(child) for child in ast.walk(node))
+    lines = {
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in inside
+    }
+    return {module for line, module in imported_modules(path, root) if line in lines}
+
+
+@pytest.mark.spec("PST-046")
+def test_only_the_cuda_room_imports_triton_and_the_rest_only_when_asked() -> None:
+    """Nothing outside ``pagedkv.accel.cuda`` imports triton or the room's kernels, but the
+    backend and the runner through the module that resolves the option, which imports them
+    inside its function only; the reference model, the store and the torch-free packages
+    import nothing of the room."""
+    room = SRC / "accel" / "cuda"
+    kernels = tuple(f"pagedkv.accel.cuda.{name}" for name in TRITON_MODULES)
+    outside = [p for p in sorted(SRC.rglob("*.py")) if room not in p.parents]
+    assert len(outside) >= 100
+    assert offences(outside, ("triton", *kernels)) == []
+    choice = room / "attention_choice.py"
+    assert top_level_imports(choice, SRC.parent) & {"triton", *kernels} == set()
+    plain = [
+        p
+        for package in ("model", "store", "kv", "native")
+        for p in sorted((SRC / package).rglob("*.py"))
+    ]
+    assert offences(plain, ("triton", "pagedkv.accel.cuda")) == []
+    importers = {
+        path.stem
+        for path in sorted(room.glob("*.py"))
+        if any(
+            m == "triton" or m.startswith("triton.") for _, m in imported_modules(path, SRC.parent)
+        )
+    }
+    assert importers == {"store_kernel", "decode_kernel", "prefill_kernel"}
+
+
+def test_top_level_imports_leave_out_function_imports(tmp_path: Path) -> None:
+    source = tmp_path / "pkg" / "mod.py"
+    source.parent.mkdir()
+    source.write_text("import os\n\ndef f():\n    import triton\n")
+    assert top_level_imports(source, tmp_path) == {"os"}

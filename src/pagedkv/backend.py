@@ -153,9 +153,18 @@ class ReferenceBackend:
             raise
 
     def create_paged_store(self, config: StoreConfig) -> PagedStore:
+        """The reference store, or the store of the attention kernels ``runner_options``
+        choose over its pools (ENG-199).
+
+        Raises:
+            InvalidRequest: a configuration the store refuses, or an ``attention`` that
+                cannot run on its device.
+        """
+        from pagedkv.accel.cuda.attention_choice import attention_store
         from pagedkv.store.paged_store import TorchPagedStore
 
-        return TorchPagedStore(config)
+        eager = dataclasses.replace(self.runner_options, compile=False, cuda_graphs=False)
+        return attention_store(TorchPagedStore(config), eager)
 
     def create_model_runner(
         self,
@@ -202,7 +211,10 @@ class ReferenceBackend:
         )
 
     def _v0_options(self) -> RunnerOptions:
-        return dataclasses.replace(self.runner_options, compile=False, cuda_graphs=False)
+        """The options of a v0 runner: what reads or captures paged K/V does not apply."""
+        return dataclasses.replace(
+            self.runner_options, compile=False, cuda_graphs=False, attention="reference"
+        )
 
 
 def reference_backend() -> ReferenceBackend:
@@ -244,6 +256,17 @@ def compiled_backend() -> ReferenceBackend:
     (``make conformance-compiled`` runs the golden ones)."""
     return ReferenceBackend(
         name="pagedkv reference, compiled decode", runner_options=RunnerOptions(compile=True)
+    )
+
+
+def triton_backend() -> ReferenceBackend:
+    """Factory for ``--backend pagedkv.backend:triton_backend``: the reference with its paged
+    K/V written and attended by the Triton kernels (``attention="triton"``, ENG-199), its
+    stores and v1 runners held to the same suites; v0 runners keep no pages and attend as the
+    reference does. Runs on a CUDA device, or on the CPU under ``TRITON_INTERPRET=1``."""
+    return ReferenceBackend(
+        name="pagedkv reference, Triton attention",
+        runner_options=RunnerOptions(attention="triton"),
     )
 
 

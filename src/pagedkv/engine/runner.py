@@ -17,6 +17,7 @@ import torch
 from pagedkv.accel.cpu.builder import build_cpu_model, weight_nbytes
 from pagedkv.accel.cpu.host_memory import retain_freed_memory
 from pagedkv.accel.cpu.primitive_cache import cap_primitive_caches
+from pagedkv.accel.cuda.attention_choice import attention_store
 from pagedkv.accel.static_decode import (
     StaticDecode,
     resolve_cuda_graphs,
@@ -102,7 +103,8 @@ class ModelRunner:
         """A runner for v1 plans, writing and reading K/V in ``store``.
 
         Raises:
-            InvalidRequest: the store is not shaped for the model (layers, KV heads, head dim).
+            InvalidRequest: the store is not shaped for the model (layers, KV heads, head dim),
+                or ``options.attention`` cannot run over it.
         """
         shape, config = store.config, model.config
         kv_heads = model.layout.num_kv_heads  # a tensor-parallel rank's own (TP-002)
@@ -116,6 +118,8 @@ class ModelRunner:
                 f"{shape.head_dim} channels; the model needs {config.num_hidden_layers} x "
                 f"{kv_heads} x {config.head_dim}"
             )
+        # The attention kernels the options choose, in the store's place (ENG-199).
+        store = attention_store(store, options or RunnerOptions())
         return cls(model, partial(PagedStepAttention.prepare, store), store, options)
 
     @classmethod
@@ -125,10 +129,15 @@ class ModelRunner:
         """A runner for cache-less (v0) plans; it keeps no K/V.
 
         Raises:
-            InvalidRequest: options that need a K/V pool (``cuda_graphs``, ``compile``).
+            InvalidRequest: options that need a K/V pool (``cuda_graphs``, ``compile``, an
+                ``attention`` other than the reference).
         """
         if options is not None and (options.cuda_graphs or options.compile):
             raise InvalidRequest("cuda_graphs and compile run decode steps of a v1 (paged) runner")
+        if options is not None and options.attention != "reference":
+            raise InvalidRequest(
+                f"attention={options.attention!r} reads paged K/V: a v1 (paged) runner only"
+            )
         return cls(model, RecomputeStepAttention.prepare, None, options)
 
     @classmethod

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedkv.errors import InvalidRequest
+
+#: The values of :attr:`RunnerOptions.attention`.
+ATTENTION_KERNELS = ("reference", "triton")
+
 
 @dataclass(frozen=True, slots=True)
 class RunnerOptions:
@@ -63,6 +68,17 @@ class RunnerOptions:
             over the reference store whose decode attention is its C kernel, in the model's
             dtype. ``None`` (the default): on where all of that holds; ``True`` where it does
             not is refused.
+        attention: the kernels a v1 runner writes and attends the paged K/V with (ENG-199):
+            ``"reference"`` (the default), the store's own (:mod:`pagedkv.store`);
+            ``"triton"``, the Triton kernels of :mod:`pagedkv.accel.cuda` reading the pages in
+            place (a store kernel, a split-K decode and a varlen prefill), over the same
+            pools. ``"triton"`` needs triton installed and a pool on a CUDA device (or, on
+            the CPU, Triton's interpreter, ``TRITON_INTERPRET=1``, which the tests use), eager
+            steps (neither ``compile`` nor ``cuda_graphs``) and no ``decode_layers``; where
+            it cannot run it is refused, naming the reason. Any other value is refused.
+
+    Raises:
+        InvalidRequest: an ``attention`` other than those of :data:`ATTENTION_KERNELS`.
     """
 
     pack_weights: bool | None = None
@@ -73,6 +89,13 @@ class RunnerOptions:
     fused_swiglu: bool | None = None
     packed_gemv: bool | None = None
     decode_layers: bool | None = None
+    attention: str = "reference"
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KERNELS:
+            raise InvalidRequest(
+                f"attention={self.attention!r}: one of {', '.join(ATTENTION_KERNELS)}"
+            )
 
     @property
     def packs(self) -> bool:
