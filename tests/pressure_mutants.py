@@ -119,6 +119,49 @@ def engine_abort_leaves_waiting_forks() -> MutantBackend:
     )
 
 
+def keep_copies_of_ended_forks(engine: Any) -> None:
+    """A sequence that ends or is preempted is freed, its source pages parked as ENG-215
+    asks, but the copies into its own pages stay for the next plan. Replaces the reference
+    scheduler's ``_free``."""
+    scheduler = engine.scheduler
+
+    def free(seq_id: int) -> None:
+        scheduler._parked.append(seq_id)
+        scheduler._free_parked()
+
+    scheduler._free = free
+
+
+def engine_keeps_copies_of_ended_forks() -> MutantBackend:
+    return MutantBackend(
+        "mutant: copies into the pages of ended forks are made anyway",
+        capabilities=ALL_CAPABILITIES | {"fork"},
+        adjust=keep_copies_of_ended_forks,
+    )
+
+
+def free_copy_sources_at_once(engine: Any) -> None:
+    """A sequence that ends is freed at once, though a copy not yet made reads its pages
+    (ENG-215): another request may write them before a retried step copies them. Replaces
+    the reference scheduler's ``_free``, still dropping copies into the freed pages."""
+    scheduler = engine.scheduler
+
+    def free(seq_id: int) -> None:
+        pages = set(scheduler.kv.page_table(seq_id).pages)
+        scheduler._copies = [c for c in scheduler._copies if c.dst not in pages]
+        scheduler.kv.free(seq_id)
+
+    scheduler._free = free
+
+
+def engine_frees_copy_sources_at_once() -> MutantBackend:
+    return MutantBackend(
+        "mutant: a copy's source pages are freed before the copy is made",
+        capabilities=ALL_CAPABILITIES | {"fork"},
+        adjust=free_copy_sources_at_once,
+    )
+
+
 # -- class 3: two lookups per admission ------------------------------------------------------
 
 
@@ -799,6 +842,20 @@ PRESSURE_MUTANTS: dict[str, PressureMutant] = {
         (
             "test_engine_pressure::TestEnginePressure::"
             "test_aborting_a_request_ends_its_waiting_fork",
+        ),
+    ),
+    "engine_keeps_copies_of_ended_forks": PressureMutant(
+        engine_keeps_copies_of_ended_forks,
+        (
+            "test_engine_pressure::TestEnginePressure::"
+            "test_no_copy_is_made_for_forks_aborted_before_it",
+        ),
+    ),
+    "engine_frees_copy_sources_at_once": PressureMutant(
+        engine_frees_copy_sources_at_once,
+        (
+            "test_engine_pressure::TestEnginePressure::"
+            "test_a_copy_source_stays_held_until_the_copy_is_made",
         ),
     ),
     "engine_looks_up_twice": PressureMutant(

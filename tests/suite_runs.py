@@ -38,7 +38,7 @@ def short_id(node_id: str) -> str:
     return Path(path).stem + sep + rest
 
 
-@dataclass
+@dataclass(eq=False)  # a pytest plugin: hashed by identity when conftest hooks are subset
 class _Recorder:
     """A pytest plugin keeping each test's outcome and, for failures, the crash line."""
 

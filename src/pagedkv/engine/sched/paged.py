@@ -48,8 +48,11 @@ class PagedScheduler(Scheduler):
         self.kv = kv
         self._next_seq_id = 0
         #: Pages forks asked to copy; the next plan makes the copies before any write, and they
-        #: are kept until a step that made them succeeds.
+        #: are kept until a step that made them succeeds (ENG-215).
         self._copies: list[PageCopy] = []
+        #: Ended or preempted sequences whose pages a pending copy still reads: freed once no
+        #: pending copy reads them (ENG-215).
+        self._parked: list[int] = []
 
     # -- scheduling -----------------------------------------------------------------------
 
@@ -111,7 +114,7 @@ class PagedScheduler(Scheduler):
             budget -= n
 
     def _preempt(self, request: Request) -> None:
-        self.kv.free(self._seq_id(request))
+        self._free(self._seq_id(request))
         self.running.remove(request)
         request.seq_id = None
         request.num_computed_tokens = 0
@@ -130,6 +133,7 @@ class PagedScheduler(Scheduler):
         """The step ran, so the copies its plan carried are made: forget them, then apply its
         results (which may fork again). A failed step keeps them for the next plan."""
         self._copies = []
+        self._free_parked()
         return super().update_from_output(scheduled, sampled)
 
     # -- after the model ran --------------------------------------------------------------
@@ -159,8 +163,30 @@ class PagedScheduler(Scheduler):
         return True
 
     def _release(self, request: Request) -> None:
-        self.kv.free(self._seq_id(request))
+        self._free(self._seq_id(request))
         request.seq_id = None
+
+    def _free(self, seq_id: int) -> None:
+        """Free a sequence that ended or was preempted, minding the copies not yet made
+        (ENG-215): a copy into its pages is dropped (nobody will read it, and the page may go
+        to another request), and while a copy still reads its pages they stay held, so that
+        no other request writes them before the copy is made (a failed step makes its copies
+        again)."""
+        pages = set(self.kv.page_table(seq_id).pages)
+        self._copies = [c for c in self._copies if c.dst not in pages]
+        self._parked.append(seq_id)
+        self._free_parked()
+
+    def _free_parked(self) -> None:
+        """Free every parked sequence no pending copy reads."""
+        read = {c.src for c in self._copies}
+        kept: list[int] = []
+        for seq_id in self._parked:
+            if read.isdisjoint(self.kv.page_table(seq_id).pages):
+                self.kv.free(seq_id)
+            else:
+                kept.append(seq_id)
+        self._parked = kept
 
     # -- observation ----------------------------------------------------------------------
 
@@ -180,6 +206,8 @@ class PagedScheduler(Scheduler):
                     f"positions but reserved {table.num_tokens}"
                 )
             held.update(table.pages)
+        for seq_id in self._parked:
+            held.update(self.kv.page_table(seq_id).pages)
         in_use = self.kv.stats().pages_in_use
         if in_use != len(held):
             raise InvariantViolation(f"{in_use} pages in use but running requests hold {len(held)}")
