@@ -5,13 +5,16 @@ The peers workload's decode row (:mod:`pagedkv_bench.peers`: one request, a 128-
 64 new tokens, decode tokens/s with the prefill excluded, the same threads) on its two
 systems only, so that many repetitions fit where a full peers run would take an hour: each
 repetition runs both, the one that leads alternating, and each ratio is pagedkv's figure over
-llama.cpp's within one repetition (SRV-104). Prints every repetition, then per dtype the
+llama.cpp's within one repetition (SRV-104). Prints every repetition with the machine's
+1-minute load average after it (on a shared machine, other work on the cores slows both, and
+llama.cpp's spinning thread barriers far more: read the ratios with it), then per dtype the
 median ratio and its range. Needs ``make llamacpp-install``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -62,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ratios.append(ours / theirs)
             print(
                 f"{dtype} repetition {repetition + 1}: pagedkv {ours:.2f}, llama.cpp "
-                f"{theirs:.2f} decode tok/s, ratio {ratios[-1]:.3f}",
+                f"{theirs:.2f} decode tok/s, ratio {ratios[-1]:.3f} (load average "
+                f"{os.getloadavg()[0]:.2f})",
                 flush=True,
             )
         print(
