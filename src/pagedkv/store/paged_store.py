@@ -24,6 +24,7 @@ from pagedkv.device import torch_device, torch_dtype
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
 from pagedkv.store import decode_attention
+from pagedkv.store.batch_check import check_paged_batch, check_range
 from pagedkv.store.decode_attention import DecodeKernel
 from pagedkv.store.gather import gather_rows
 from pagedkv.store.native_decode import NativeDecode
@@ -225,7 +226,7 @@ class TorchPagedStore:
         """
         self._check_layer(layer)
         index = self._slot_index(slots)
-        self._check_range(index, self._num_slots, "slots")
+        check_range(index, self._num_slots, "slots")
         return (
             gather_rows(self._flat(0, layer), index),
             gather_rows(self._flat(1, layer), index),
@@ -248,8 +249,8 @@ class TorchPagedStore:
         if not source.numel():
             return
         pages = self._config.num_pages
-        self._check_range(source, pages, "source pages")
-        self._check_range(target, pages, "target pages")
+        check_range(source, pages, "source pages")
+        check_range(target, pages, "target pages")
         names = target.tolist()
         if len(set(names)) != len(names) or set(names) & set(source.tolist()):
             raise InvalidRequest(f"target pages {names} repeat or overlap the source pages")
@@ -274,36 +275,12 @@ class TorchPagedStore:
                 a sequence with no rows, more rows than context, or more context than its page
                 table holds; a page, or a slot of ``batch.slot_mapping``, outside the pool.
         """
-        if batch.page_tables is None:
-            raise InvalidRequest("paged attention needs page tables; the batch has none (v0)")
+        starts, contexts, given = check_paged_batch(
+            batch, self._config, self._num_slots, self._slot_index
+        )
         device = self._device
         page_size = self._config.page_size
-        starts = [int(x) for x in batch.query_start.tolist()]
-        contexts = [int(x) for x in batch.context_lens.tolist()]
-        tables = batch.page_tables.to(device=device, dtype=torch.int64)
-        num_seqs = len(contexts)
-        if len(starts) != num_seqs + 1 or starts[0] != 0:
-            raise InvalidRequest(
-                f"query_start must be [B+1] offsets from 0; got {starts} for B={num_seqs}"
-            )
-        if tables.dim() != 2 or tables.shape[0] != num_seqs:
-            raise InvalidRequest(f"page_tables must be [{num_seqs}, max_pages]")
-        self._check_range(tables, self._config.num_pages, "page tables name pages")
-        capacity = tables.shape[1] * page_size
-        for b in range(num_seqs):
-            q_len = starts[b + 1] - starts[b]
-            if not 1 <= q_len <= contexts[b] <= capacity:
-                raise InvalidRequest(
-                    f"sequence {b}: need 1 <= q_len ({q_len}) <= context_len ({contexts[b]}) "
-                    f"<= page table capacity ({capacity})"
-                )
-        if batch.slot_mapping is not None:
-            slots = self._slot_index(batch.slot_mapping)
-            if slots.shape[0] != starts[-1]:
-                raise InvalidRequest(
-                    f"slot_mapping has {slots.shape[0]} slots for {starts[-1]} query rows"
-                )
-            self._check_range(slots, self._num_slots, "slots")
+        tables = given.to(device=device, dtype=torch.int64)
 
         def slots_of(seqs: list[int], width: int) -> torch.Tensor:
             positions = torch.arange(width, device=device)
@@ -385,12 +362,3 @@ class TorchPagedStore:
                 f"slots must be a 1-D integer tensor, got {slots.dtype} {list(slots.shape)}"
             )
         return slots.to(device=self._device, dtype=torch.int64)
-
-    @staticmethod
-    def _check_range(values: torch.Tensor, bound: int, what: str) -> None:
-        """Raise unless every value is in ``[0, bound)``: a host synchronisation, so only
-        :meth:`prepare` and :meth:`read` call it."""
-        if values.numel():
-            low, high = (int(x) for x in torch.aminmax(values))
-            if low < 0 or high >= bound:
-                raise InvalidRequest(f"{what} {low}..{high}, outside 0..{bound - 1}")

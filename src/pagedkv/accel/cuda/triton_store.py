@@ -28,6 +28,7 @@ from pagedkv.accel.cuda.prefill_kernel import paged_prefill
 from pagedkv.accel.cuda.store_kernel import runs_interpreted, store_kv
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
+from pagedkv.store.batch_check import check_paged_batch
 from pagedkv.store.paged_store import TorchPagedStore
 
 
@@ -150,35 +151,12 @@ class TritonPagedStore:
                 rows, more rows than context, or more context than its page table holds; a
                 page, or a slot of ``batch.slot_mapping``, outside the pool.
         """
-        if batch.page_tables is None:
-            raise InvalidRequest("paged attention needs page tables; the batch has none (v0)")
         config = self.config
-        starts = [int(x) for x in batch.query_start.tolist()]
-        contexts = [int(x) for x in batch.context_lens.tolist()]
-        tables = batch.page_tables
+        starts, contexts, tables = check_paged_batch(
+            batch, config, self._store.num_slots, self._slot_index
+        )
         num_seqs = len(contexts)
-        if len(starts) != num_seqs + 1 or starts[0] != 0:
-            raise InvalidRequest(
-                f"query_start must be [B+1] offsets from 0; got {starts} for B={num_seqs}"
-            )
-        if tables.dim() != 2 or tables.shape[0] != num_seqs:
-            raise InvalidRequest(f"page_tables must be [{num_seqs}, max_pages]")
-        _check_range(tables, config.num_pages, "page tables name pages")
-        capacity = tables.shape[1] * config.page_size
         q_lens = [starts[b + 1] - starts[b] for b in range(num_seqs)]
-        for b in range(num_seqs):
-            if not 1 <= q_lens[b] <= contexts[b] <= capacity:
-                raise InvalidRequest(
-                    f"sequence {b}: need 1 <= q_len ({q_lens[b]}) <= context_len "
-                    f"({contexts[b]}) <= page table capacity ({capacity})"
-                )
-        if batch.slot_mapping is not None:
-            slots = self._slot_index(batch.slot_mapping)
-            if slots.shape[0] != starts[-1]:
-                raise InvalidRequest(
-                    f"slot_mapping has {slots.shape[0]} slots for {starts[-1]} query rows"
-                )
-            _check_range(slots, self._store.num_slots, "slots")
         decode = [b for b in range(num_seqs) if q_lens[b] == 1]
         prefill = [b for b in range(num_seqs) if q_lens[b] > 1]
 
@@ -303,16 +281,3 @@ class TritonPagedStore:
                 f"slots must be a 1-D integer tensor, got {slots.dtype} {list(slots.shape)}"
             )
         return slots.to(device=self._device)
-
-
-def _check_range(values: torch.Tensor, bound: int, what: str) -> None:
-    """Raise unless every value is in ``[0, bound)``: a host synchronisation, so only
-    :meth:`TritonPagedStore.prepare` calls it.
-
-    Raises:
-        InvalidRequest: a value outside.
-    """
-    if values.numel():
-        low, high = (int(x) for x in torch.aminmax(values))
-        if low < 0 or high >= bound:
-            raise InvalidRequest(f"{what} {low}..{high}, outside 0..{bound - 1}")
