@@ -20,6 +20,8 @@ TEST_LIST = ROOT / "scripts" / "gpu_check_tests.txt"
 #: Tests that mention CUDA and skip, but run where CUDA is absent (so not on the GPU).
 RUN_WITHOUT_CUDA = {
     "tests/test_bench_limits.py::test_cuda_is_skipped_with_a_reason_without_a_gpu",
+    "tests/test_triton_kernels.py::test_the_tests_run_the_kernels_under_the_interpreter",
+    "tests/test_triton_option.py::test_triton_on_a_cpu_pool_without_the_interpreter_is_refused",
 }
 
 
