@@ -9,14 +9,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from pagedkv.bench.mixed import FULL
 from pagedkv.bench.requests import BenchRequest, LengthDistribution, MixedSpec
 
 #: The mixed workload of the device run: the full mode's of :mod:`pagedkv.bench.mixed`.
-DEVICE_MIXED = MixedSpec(
-    num_requests=64,
-    prompt=LengthDistribution(median=128, sigma=0.8, low=16, high=512),
-    output=LengthDistribution(median=48, sigma=0.8, low=8, high=256),
-)
+DEVICE_MIXED = FULL
 TINY_MIXED = MixedSpec(
     num_requests=4,
     prompt=LengthDistribution(median=8, sigma=0.5, low=4, high=16),
