@@ -258,11 +258,7 @@ def requests_part(part: Part) -> None:
                 engine = make_engine(runner, "v1", pages, max_num_batched_tokens=sizes.step_tokens)
                 samples.setdefault(name, []).append(run_engine(engine, requests, name).wall_s)
             samples.setdefault(HF_GENERATE, []).append(hf.run(requests).wall_s)
-        tokens = sum(r.max_tokens for r in requests)
-        for system, walls in samples.items():
-            wall = median(walls)
-            part.record(row, system, ratio(tokens, wall), fraction_of_bound(nbytes, rate, wall))
-        _ratios(part, row, samples)
+        _record_walls(part, row, samples, sum(r.max_tokens for r in requests), nbytes, rate)
 
 
 def mixed_part(part: Part) -> None:
@@ -302,11 +298,7 @@ def mixed_part(part: Part) -> None:
             break
         for name, system in systems.items():
             samples.setdefault(name, []).append(system().wall_s)
-    tokens = sum(r.max_tokens for r in requests)
-    for system_name, walls in samples.items():
-        wall = median(walls)
-        part.record(row, system_name, ratio(tokens, wall), fraction_of_bound(nbytes, rate, wall))
-    _ratios(part, row, samples)
+    _record_walls(part, row, samples, sum(r.max_tokens for r in requests), nbytes, rate)
 
 
 def nanovllm_part(part: Part) -> None:
@@ -368,6 +360,22 @@ def _run_until(
     outputs = [finished[i] for i in ids]
     part.result.figures["nanovllm_steps"] = steps
     return result_of("pagedkv", outputs, wall), outputs
+
+
+def _record_walls(
+    part: Part,
+    row: str,
+    samples: dict[str, list[float]],
+    tokens: int,
+    nbytes: int,
+    rate: float,
+) -> None:
+    """Record each system's median wall time (seconds) of ``row`` as tokens/s and as its
+    fraction of the bound (``nbytes`` read at ``rate`` bytes/s), then the ratios."""
+    for system, walls in samples.items():
+        wall = median(walls)
+        part.record(row, system, ratio(tokens, wall), fraction_of_bound(nbytes, rate, wall))
+    _ratios(part, row, samples)
 
 
 def _ratios(part: Part, row: str, samples: dict[str, list[float]]) -> None:
