@@ -9,6 +9,7 @@ certify run against the proxy must fail the check that covers it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -295,23 +296,41 @@ class DropDone(Mutation):
 
 
 class FailBesidePoison(Mutation):
-    """Once a request at a temperature below 1e-30 was seen, answers the next greedy request
-    500: an engine whose whole step fails for one request's sampling value."""
+    """An engine whose whole step fails for one request's sampling value (a temperature below
+    1e-30): the next greedy request after it is answered 500, and every completion answered
+    is held until it was seen (at most 10 s) and then comes back wrong, as a neighbour
+    sharing its step would. Either way a neighbour is hurt, whatever order the
+    check's concurrent requests reach the proxy in."""
 
     def __init__(self) -> None:
         self._poisoned = False
+        self._seen: asyncio.Event | None = None
         self._lock = threading.Lock()
+
+    def _event(self) -> asyncio.Event:
+        if self._seen is None:  # made on the proxy's event loop, where every hook runs
+            self._seen = asyncio.Event()
+        return self._seen
 
     def refuse(self, path: str, body: dict[str, Any]) -> int | None:
         temperature = body.get("temperature")
         with self._lock:
             if isinstance(temperature, float) and 0 < temperature < 1e-30:
                 self._poisoned = True
+                self._event().set()
                 return None
             if self._poisoned and temperature == 0:
                 self._poisoned = False
                 return 500
         return None
+
+    async def exchange(self, path: str, body: dict[str, Any]) -> None:
+        seen = self._event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(seen.wait(), 10)
+        for choice in body.get("choices", []):
+            if isinstance(choice, dict) and isinstance(choice.get("text"), str):
+                choice["text"] += " (from a failed step)"
 
 
 class LeakKVOnLongRequests(Mutation):
