@@ -488,7 +488,8 @@ class StepRunner(Protocol):
         ...
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        """``[B, vocab]`` float32 CPU logits at ``plan.logits_indices``."""
+        """``[B, vocab]`` float32 logits at ``plan.logits_indices``, on :attr:`device`; the
+        engine samples them there and reads back only the batch's results (ENG-216)."""
         ...
 
 
