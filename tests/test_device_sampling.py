@@ -221,6 +221,18 @@ def test_sampling_reads_only_the_batched_results(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.spec("ENG-217")
+def test_top_logprobs_are_read_back_for_the_rows_asking_alone() -> None:
+    """Of 11 controlled rows, three ask for top logprobs (3, 2 and 3 of them; two more ask for
+    the chosen token's alone): the top ids and values read back are ``[3, 3]`` each, not
+    ``[11, 3]``. Kills a top-k over every row of the batch, read back whole."""
+    with HostReads() as recorded:
+        results = sample_rows(logits_for(11), controlled_rows(11), frozenset({2}))
+    tops = [shape for _, shape in recorded.reads if len(shape) == 2]
+    assert tops == [(3, 3), (3, 3)]
+    assert [len(r.top) for r in results] == [3, 0, 0, 0, 0, 2, 3, 0, 0, 0, 0]
+
+
+@pytest.mark.spec("ENG-217")
 def test_the_read_check_sees_a_per_row_read(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above on a sampler that reads each row's temperature on the host
     mid-sampling (a mutant of ``filtered_probs_batch``): more reads, growing with the rows."""

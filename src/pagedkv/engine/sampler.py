@@ -376,13 +376,19 @@ def _controlled(rows: Sequence[SampleRow]) -> bool:
 def top_logprobs(
     logprobs: torch.Tensor, counts: Sequence[int]
 ) -> list[tuple[tuple[int, float], ...]]:
-    """The ``counts[i]`` most likely ``(token, logprob)`` pairs of each row, most likely first."""
+    """The ``counts[i]`` most likely ``(token, logprob)`` pairs of each row, most likely first.
+    Only the rows asking for some are ranked and read back (ENG-217)."""
     widest = min(max(counts, default=0), logprobs.shape[1])
+    tops: list[tuple[tuple[int, float], ...]] = [() for _ in counts]
     if widest <= 0:
-        return [() for _ in counts]
-    top = torch.topk(logprobs, widest, dim=1)
+        return tops
+    want = [i for i, k in enumerate(counts) if k > 0]
+    picked = torch.tensor(want, dtype=torch.int64, device=logprobs.device)
+    top = torch.topk(logprobs.index_select(0, picked), widest, dim=1)
     ids, values = top.indices.tolist(), top.values.tolist()
-    return [tuple(zip(ids[i][:k], values[i][:k], strict=True)) for i, k in enumerate(counts)]
+    for row, i in enumerate(want):
+        tops[i] = tuple(zip(ids[row][: counts[i]], values[row][: counts[i]], strict=True))
+    return tops
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
