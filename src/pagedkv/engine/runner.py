@@ -199,7 +199,9 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Logits ``[B, vocab]`` (float32, on the runner's :attr:`device`: the engine samples
-        them there, ENG-216) at each sequence's last scheduled row.
+        them there, ENG-216) at each sequence's last scheduled row. A static decode step's
+        are its output buffer, which its next replay overwrites: read them before the next
+        call, as the engine does.
 
         Raises:
             InvalidRequest: a plan of the other cache mode, or one the store refuses.
