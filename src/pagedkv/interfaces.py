@@ -488,7 +488,10 @@ class StepRunner(Protocol):
         ...
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        """``[B, vocab]`` float32 CPU logits at ``plan.logits_indices``."""
+        """``[B, vocab]`` float32 logits at ``plan.logits_indices``, on :attr:`device`; the
+        engine samples them there and reads back only the batch's results (ENG-216). They
+        are read before the next call, so a runner may return a buffer it reuses (a static
+        decode step's output)."""
         ...
 
 

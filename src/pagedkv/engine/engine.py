@@ -236,10 +236,10 @@ class LLMEngine:
     ) -> list[Request]:
         """The request's sequences: the first queued, the others its unborn forks (ENG-047).
 
-        Each samples with its own generator: seeded ``seed + index``, as vLLM seeds the
-        children of a parallel-sampling request. A request asking for prompt
-        log-probabilities computes its whole prompt: it takes a salt of its own and publishes
-        nothing (ENG-049).
+        Each samples with its own generator, on the runner's device (ENG-218): seeded
+        ``seed + index``, as vLLM seeds the children of a parallel-sampling request. A request
+        asking for prompt log-probabilities computes its whole prompt: it takes a salt of its
+        own and publishes nothing (ENG-049).
         """
         publish = params.prompt_logprobs is None
         if not publish:
@@ -254,7 +254,7 @@ class LLMEngine:
                     seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source).item())
                 else:
                     seed = (seed + index) % 2**64
-                generator = torch.Generator().manual_seed(seed)
+                generator = torch.Generator(device=self.runner.device).manual_seed(seed)
             sequences.append(
                 Request(
                     request_id=request_id,
@@ -431,7 +431,8 @@ class LLMEngine:
         if constrained:
             self._grammar_masks(rows, constrained, failed)
         if where != list(range(logits.shape[0])):  # else every row is sampled, in order
-            logits = logits.index_select(0, torch.tensor(where, dtype=torch.int64))
+            sampled_rows = torch.tensor(where, dtype=torch.int64, device=logits.device)
+            logits = logits.index_select(0, sampled_rows)
         tokens = self._sample_rows(logits, rows)
         for index, error in failed.items():
             tokens[index] = error
@@ -451,7 +452,11 @@ class LLMEngine:
         self, logits: torch.Tensor, rows: Sequence[SampleRow]
     ) -> list[SampledToken | SampleError]:
         """Every row in one batch; rows with NaN logits fail alone, and if the batch raises
-        anyway, each row is sampled on its own so that only the rows that raise fail."""
+        anyway, each row is sampled on its own so that only the rows that raise fail.
+
+        Everything runs on the logits' device (ENG-216); what comes back to the host is each
+        row's largest value (one ``[R]`` copy, to find the NaN rows) and the sampler's batched
+        results (ENG-217)."""
         summary = summarise(logits, rows, self._logit_summary)
         # A row's largest value is NaN exactly when the row holds one: read from the summary
         # where the batch has one (ENG-158), else one pass of amax; no [R, vocab] mask.
@@ -464,7 +469,8 @@ class LLMEngine:
         try:
             picked = logits
             if bad:
-                picked = logits.index_select(0, torch.tensor(good, dtype=torch.int64))
+                index = torch.tensor(good, dtype=torch.int64, device=logits.device)
+                picked = logits.index_select(0, index)
                 summary = None  # the good rows' own is taken by the sampler
             results = self._sample_batch(
                 picked, [rows[i] for i in good], self.scheduler.eos_ids, summary

@@ -189,19 +189,23 @@ class GrammarMatcher:
 
 
 @cache
-def _clear_bits() -> torch.Tensor:
-    """``bool[256, 8]``: whether bit ``j`` of byte ``b`` is clear (a constant table)."""
-    return ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1) == 0
+def _clear_bits(device: torch.device) -> torch.Tensor:
+    """``bool[256, 8]`` on ``device``: whether bit ``j`` of byte ``b`` is clear (a constant
+    table, made once per device)."""
+    byte = torch.arange(256, device=device).unsqueeze(1)
+    return ((byte >> torch.arange(8, device=device)) & 1) == 0
 
 
 def refused_tokens(words: torch.Tensor, vocab: int) -> torch.Tensor:
     """``bool[R, vocab]``, true for each token packed masks ``int32[R, W]``
     (:meth:`GrammarMatcher.bitmask`) do not allow; tokens past ``32 * W`` are refused. One
     table lookup per byte (on a little-endian machine, which torch's CPU builds all are, a
-    word's bytes hold its bits in order)."""
+    word's bytes hold its bits in order). On ``words``' device."""
     as_bytes = words.contiguous().view(torch.uint8).long()
-    refused = _clear_bits()[as_bytes].reshape(words.shape[0], -1)
+    refused = _clear_bits(words.device)[as_bytes].reshape(words.shape[0], -1)
     if refused.shape[1] >= vocab:
         return refused[:, :vocab]
-    pad = torch.ones(words.shape[0], vocab - refused.shape[1], dtype=torch.bool)
+    pad = torch.ones(
+        words.shape[0], vocab - refused.shape[1], dtype=torch.bool, device=words.device
+    )
     return torch.cat([refused, pad], dim=1)

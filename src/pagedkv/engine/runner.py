@@ -198,7 +198,10 @@ class ModelRunner:
         return self.model.config.max_positions
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        """Logits ``[B, vocab]`` (float32, on the CPU) at each sequence's last scheduled row.
+        """Logits ``[B, vocab]`` (float32, on the runner's :attr:`device`: the engine samples
+        them there, ENG-216) at each sequence's last scheduled row. A static decode step's
+        are its output buffer, which its next replay overwrites: read them before the next
+        call, as the engine does.
 
         Raises:
             InvalidRequest: a plan of the other cache mode, or one the store refuses.
@@ -218,4 +221,4 @@ class ModelRunner:
                 logits = self._static.run(plan, attention.metadata)
             else:
                 logits = self.model(plan, attention)
-        return logits.float().cpu()
+        return logits.float()

@@ -9,11 +9,16 @@ temperature, top-k, top-p and min-p and draw. The draw is the exponential race
 its own ``torch.Generator``, so a seeded request's tokens do not depend on what else shares the
 batch (ENG-041). Log-probabilities are those of the model's raw distribution, before any
 control (vLLM's default ``raw_logprobs``).
+
+Everything runs on the logits' device (ENG-216): each helper tensor is made there from a host
+list in one copy, and whether a filter applies is decided from the parameters on the host, so
+the only values read back are the batch's results, one copy each (ENG-217).
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +36,8 @@ class SampleRow:
 
     Attributes:
         params: its sampling parameters.
-        generator: its random generator (``None`` only for greedy rows).
+        generator: its random generator (``None`` only for greedy rows), on the logits'
+            device (ENG-218).
         prompt_token_ids: its prompt (for the repetition penalty).
         output_token_ids: what it generated so far (penalties, ``min_tokens``).
         allowed: the tokens its grammar allows next, packed (``int32[ceil(vocab / 32)]``, see
@@ -78,7 +84,7 @@ def _ranks(
     ranks: list[int | None] = [None] * len(rows)
     if not want:
         return ranks
-    picked = torch.tensor(want, dtype=torch.int64)
+    picked = torch.tensor(want, dtype=torch.int64, device=values.device)
     chosen_rows = values.index_select(0, picked)
     chosen = chosen_rows.gather(1, tokens.index_select(0, picked).unsqueeze(1))
     counts = (chosen_rows > chosen).sum(dim=1).tolist()
@@ -94,14 +100,28 @@ def _saturated(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(before), after, after.clamp(-FLOAT32_MAX, FLOAT32_MAX))
 
 
-def _pairs(tokens: Sequence[Collection[int]], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(row, token)`` index tensors of every token of ``tokens[row]`` inside the vocab."""
+def _pairs(
+    tokens: Sequence[Collection[int]], vocab: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row, token)`` index tensors on ``device`` of every token of ``tokens[row]`` inside
+    the vocab (one copy from the host)."""
     index = [(i, t) for i, ids in enumerate(tokens) for t in ids if 0 <= t < vocab]
     if not index:
-        empty = torch.empty(0, dtype=torch.int64)
+        empty = torch.empty(0, dtype=torch.int64, device=device)
         return empty, empty
-    pairs = torch.tensor(index, dtype=torch.int64)
+    pairs = torch.tensor(index, dtype=torch.int64, device=device)
     return pairs[:, 0], pairs[:, 1]
+
+
+def _vector(values: Sequence[float], like: torch.Tensor) -> torch.Tensor:
+    """``values`` as a ``[R, 1]`` column of ``like``'s dtype on its device (one copy)."""
+    return torch.tensor(values, dtype=like.dtype, device=like.device).unsqueeze(1)
+
+
+def _float32(values: Sequence[float]) -> array[float]:
+    """``values`` rounded to float32 on the host, as the tensors made of them hold them: a
+    filter is applied where its float32 value asks for it, decided with no device read."""
+    return array("f", values)
 
 
 def apply_min_tokens(
@@ -114,17 +134,20 @@ def apply_min_tokens(
         else ()
         for r in rows
     ]
-    row, token = _pairs(banned, logits.shape[1])
+    row, token = _pairs(banned, logits.shape[1], logits.device)
     if row.numel():
-        logits.index_put_((row, token), torch.tensor(float("-inf")))
+        logits.index_put_(
+            (row, token), torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device)
+        )
 
 
 def apply_grammar(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
-    """Mask every token its grammar does not allow, in the constrained rows only (in place)."""
+    """Mask every token its grammar does not allow, in the constrained rows only (in place).
+    The packed masks are stacked on the host and moved to the logits' device in one copy."""
     which = [i for i, r in enumerate(rows) if r.allowed is not None]
     if not which:
         return
-    words = torch.stack([rows[i].allowed for i in which])  # type: ignore[misc]
+    words = torch.stack([rows[i].allowed for i in which]).to(logits.device)  # type: ignore[misc]
     refused = refused_tokens(words, logits.shape[1])
     for k, i in enumerate(which):  # in place, row by row: no copy of the constrained rows
         logits[i].masked_fill_(refused[k], float("-inf"))
@@ -137,18 +160,23 @@ def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
     ]
     if not entries:
         return
-    row = torch.tensor([e[0] for e in entries], dtype=torch.int64)
-    token = torch.tensor([e[1] for e in entries], dtype=torch.int64)
-    bias = torch.tensor([e[2] for e in entries], dtype=logits.dtype)
+    device = logits.device
+    row = torch.tensor([e[0] for e in entries], dtype=torch.int64, device=device)
+    token = torch.tensor([e[1] for e in entries], dtype=torch.int64, device=device)
+    bias = torch.tensor([e[2] for e in entries], dtype=logits.dtype, device=device)
     logits.index_put_((row, token), bias, accumulate=True)
 
 
-def token_counts(token_lists: Sequence[Sequence[int]], vocab: int) -> torch.Tensor:
-    """``[len(token_lists), vocab]`` float32 count of each token in each list."""
-    counts = torch.zeros(len(token_lists), vocab)
-    row, token = _pairs(token_lists, vocab)
+def token_counts(
+    token_lists: Sequence[Sequence[int]], vocab: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """``[len(token_lists), vocab]`` float32 count of each token in each list, on ``device``
+    (the CPU by default)."""
+    device = torch.device("cpu") if device is None else device
+    counts = torch.zeros(len(token_lists), vocab, device=device)
+    row, token = _pairs(token_lists, vocab, device)
     if row.numel():
-        counts.index_put_((row, token), torch.ones(row.shape[0]), accumulate=True)
+        counts.index_put_((row, token), torch.ones(row.shape[0], device=device), accumulate=True)
     return counts
 
 
@@ -162,16 +190,17 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SampleRow]) -> None:
     which = [i for i, r in enumerate(rows) if r.params.has_penalties]
     if not which:
         return
-    vocab = logits.shape[1]
-    picked = torch.tensor(which, dtype=torch.int64)
+    vocab, device = logits.shape[1], logits.device
+    picked = torch.tensor(which, dtype=torch.int64, device=device)
     sub = logits.index_select(0, picked)
-    output = token_counts([rows[i].output_token_ids for i in which], vocab)
-    seen = (output + token_counts([rows[i].prompt_token_ids for i in which], vocab)) > 0
-    repetition = torch.tensor([rows[i].params.repetition_penalty for i in which]).unsqueeze(1)
+    output = token_counts([rows[i].output_token_ids for i in which], vocab, device)
+    prompt = token_counts([rows[i].prompt_token_ids for i in which], vocab, device)
+    seen = (output + prompt) > 0
+    repetition = _vector([rows[i].params.repetition_penalty for i in which], sub)
     penalised = _saturated(sub, torch.where(sub > 0, sub / repetition, sub * repetition))
     sub = torch.where(seen, penalised, sub)
-    frequency = torch.tensor([rows[i].params.frequency_penalty for i in which]).unsqueeze(1)
-    presence = torch.tensor([rows[i].params.presence_penalty for i in which]).unsqueeze(1)
+    frequency = _vector([rows[i].params.frequency_penalty for i in which], sub)
+    presence = _vector([rows[i].params.presence_penalty for i in which], sub)
     sub = sub - frequency * output - presence * (output > 0).to(sub.dtype)
     logits.index_copy_(0, picked, sub)
 
@@ -183,27 +212,28 @@ def filtered_probs_batch(logits: torch.Tensor, params: Sequence[SamplingParams])
     :data:`~pagedkv.engine.params.GREEDY_TEMPERATURE`).
     """
     vocab = logits.shape[1]
-    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
-    scaled = _saturated(logits, logits / temperature.unsqueeze(1))
-    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
-    if bool((top_k < vocab).any()):
+    scaled = _saturated(logits, logits / _vector([p.temperature for p in params], logits))
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    if any(k < vocab for k in top_k):
         ordered = torch.sort(scaled, dim=1, descending=True).values
-        kth = ordered.gather(1, (top_k - 1).unsqueeze(1))
+        kth_index = torch.tensor(top_k, dtype=torch.int64, device=logits.device) - 1
+        kth = ordered.gather(1, kth_index.unsqueeze(1))
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=1)
     # A top_p below the smallest normal float32 (5e-324 would round to 0 and keep nothing)
     # keeps the most likely token alone, as its exact value does (ENG-177).
-    top_p = torch.tensor([max(p.top_p, FLOAT32_TINY) for p in params], dtype=probs.dtype)
-    top_p = top_p.unsqueeze(1)
-    if bool((top_p < 1.0).any()):
+    top_p_values = _float32([max(p.top_p, FLOAT32_TINY) for p in params])
+    if any(p < 1.0 for p in top_p_values):
+        top_p = _vector(top_p_values, probs)
         sorted_probs, order = torch.sort(probs, dim=1, descending=True)
         before = torch.cumsum(sorted_probs, dim=1) - sorted_probs
         # Keep a token while the mass strictly before it is below top_p: the smallest set
         # reaching top_p, and always the most likely token.
         drop = torch.zeros_like(probs, dtype=torch.bool).scatter(1, order, before >= top_p)
         probs = probs.masked_fill(drop, 0.0)
-    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype).unsqueeze(1)
-    if bool((min_p > 0.0).any()):
+    min_p_values = _float32([p.min_p for p in params])
+    if any(p > 0.0 for p in min_p_values):
+        min_p = _vector(min_p_values, probs)
         probs = probs.masked_fill(probs < min_p * probs.amax(dim=1, keepdim=True), 0.0)
     return probs / probs.sum(dim=1, keepdim=True)
 
@@ -215,7 +245,7 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
     """One token per row of ``probs``: the exponential race, each row's noise from its own
-    generator."""
+    generator (on ``probs``' device)."""
     noise = torch.empty_like(probs)
     for row, generator in enumerate(generators):
         noise[row].exponential_(generator=generator)
@@ -240,7 +270,8 @@ def processed_logits(
 def sample_rows(
     logits: torch.Tensor, rows: Sequence[SampleRow], stop_ids: frozenset[int] = frozenset()
 ) -> list[Sampled]:
-    """The next token of every row of ``logits`` ``[R, vocab]`` (float32, CPU), in one batch.
+    """The next token of every row of ``logits`` ``[R, vocab]`` (float32), in one batch, on
+    the logits' device; each row's generator is on that device too.
 
     ``stop_ids`` are the model's EOS tokens, masked with each row's stop tokens until it has
     ``min_tokens`` (vLLM masks EOS even when a request ignores it).
@@ -254,7 +285,7 @@ def sample_rows(
     tokens = processed.max(dim=1).indices
     random = [i for i, r in enumerate(rows) if not r.params.greedy]
     if random:
-        picked = torch.tensor(random, dtype=torch.int64)
+        picked = torch.tensor(random, dtype=torch.int64, device=logits.device)
         probs = filtered_probs_batch(
             processed.index_select(0, picked), [rows[i].params for i in random]
         )
@@ -317,7 +348,7 @@ def _sample_summarised(
         ]
     tokens = summary.index.clone()
     if random:
-        picked = torch.tensor(random, dtype=torch.int64)
+        picked = torch.tensor(random, dtype=torch.int64, device=logits.device)
         probs = filtered_probs_batch(
             logits.index_select(0, picked).float(), [rows[i].params for i in random]
         )
@@ -345,13 +376,19 @@ def _controlled(rows: Sequence[SampleRow]) -> bool:
 def top_logprobs(
     logprobs: torch.Tensor, counts: Sequence[int]
 ) -> list[tuple[tuple[int, float], ...]]:
-    """The ``counts[i]`` most likely ``(token, logprob)`` pairs of each row, most likely first."""
+    """The ``counts[i]`` most likely ``(token, logprob)`` pairs of each row, most likely first.
+    Only the rows asking for some are ranked and read back (ENG-217)."""
     widest = min(max(counts, default=0), logprobs.shape[1])
+    tops: list[tuple[tuple[int, float], ...]] = [() for _ in counts]
     if widest <= 0:
-        return [() for _ in counts]
-    top = torch.topk(logprobs, widest, dim=1)
+        return tops
+    want = [i for i, k in enumerate(counts) if k > 0]
+    picked = torch.tensor(want, dtype=torch.int64, device=logprobs.device)
+    top = torch.topk(logprobs.index_select(0, picked), widest, dim=1)
     ids, values = top.indices.tolist(), top.values.tolist()
-    return [tuple(zip(ids[i][:k], values[i][:k], strict=True)) for i, k in enumerate(counts)]
+    for row, i in enumerate(want):
+        tops[i] = tuple(zip(ids[row][: counts[i]], values[row][: counts[i]], strict=True))
+    return tops
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -367,7 +404,7 @@ def prompt_logprobs(
     """Log-probabilities of ``targets[i]`` under the raw distribution of ``logits[i]``
     (``[P, vocab]``), with their ranks and the ``top_n`` most likely tokens of each row."""
     raw = torch.log_softmax(logits.float(), dim=1)
-    index = torch.tensor(list(targets), dtype=torch.int64).unsqueeze(1)
+    index = torch.tensor(list(targets), dtype=torch.int64, device=raw.device).unsqueeze(1)
     chosen = raw.gather(1, index)
     ranks = ((raw > chosen).sum(dim=1) + 1).tolist()
     tops = top_logprobs(raw, [top_n] * len(targets))

@@ -130,7 +130,8 @@ class TensorParallelRunner:
         return self.group.size
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
-        """Logits ``[rows, vocab]`` (float32, CPU), gathered from every rank's shard.
+        """Logits ``[rows, vocab]`` (float32, on :attr:`device`), gathered from every rank's
+        shard.
 
         Raises:
             InvalidRequest: a plan the stores refuse (every rank refused it alike, before any
