@@ -217,8 +217,8 @@ def test_every_capture_of_a_runner_shares_one_pool(
         made.append(object())
         return made[-1]
 
-    monkeypatch.setattr(static_decode, "_captured", captured)
-    monkeypatch.setattr(static_decode, "_capture_pool", new_pool)
+    monkeypatch.setattr(static_decode, "captured", captured)
+    monkeypatch.setattr(static_decode, "capture_pool", new_pool)
     runner, static = _static_runner(checkpoint, cuda_graphs=True)
     ordinary = ModelRunner.from_model_dir(checkpoint, num_pages=PAGES, page_size=PAGE)
     assert _generate(runner) == _generate(ordinary)

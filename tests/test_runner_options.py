@@ -121,8 +121,8 @@ def test_a_capture_warm_up_writes_only_the_plans_own_slots(
             warm_ups.append(1)
         return step
 
-    monkeypatch.setattr(static_decode, "_captured", captured)
-    monkeypatch.setattr(static_decode, "_capture_pool", object)
+    monkeypatch.setattr(static_decode, "captured", captured)
+    monkeypatch.setattr(static_decode, "capture_pool", object)
     model = load_model(checkpoint)
     store = runner_store(paged_runner(checkpoint))
 

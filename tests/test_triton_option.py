@@ -79,7 +79,7 @@ def test_triton_puts_its_store_over_the_given_pools_and_leaves_them_the_referenc
 @pytest.mark.parametrize(
     ("options", "reason"),
     [
-        (RunnerOptions(attention="triton", compile=True), "runs eager steps"),
+        (RunnerOptions(attention="triton", compile=True), "compile compiles the reference"),
         (RunnerOptions(attention="triton", decode_layers=True), "decode_layers"),
     ],
     ids=["compile", "decode-layers"],

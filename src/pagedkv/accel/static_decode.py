@@ -28,13 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 from torch._inductor import config as inductor_config
 
+from pagedkv.accel.cuda.graphs import capture_pool, captured
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
-from pagedkv.interfaces import AttentionBatch, PagedStore
+from pagedkv.interfaces import AttentionBatch, AttentionMetadata, PagedStore
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.plan import StepPlan
 from pagedkv.store.paged_store import PagedAttentionMetadata, TorchPagedStore
@@ -76,6 +78,20 @@ def padded_size(batch: int, sizes: tuple[int, ...]) -> int | None:
         if size >= batch:
             return size
     return None
+
+
+class StaticDecodePath(Protocol):
+    """A runner's fixed-shape decode steps: :class:`StaticDecode` over the reference store,
+    or :class:`~pagedkv.accel.cuda.triton_static_decode.TritonStaticDecode` over the Triton
+    store (chosen by :func:`~pagedkv.accel.cuda.attention_choice.static_decode_for`)."""
+
+    def fits(self, plan: StepPlan, metadata: AttentionMetadata) -> bool:
+        """Whether ``plan`` (prepared as ``metadata``) is a step this path runs."""
+        ...
+
+    def run(self, plan: StepPlan, metadata: AttentionMetadata) -> torch.Tensor:
+        """Logits ``[B, vocab]`` (float32, on the model's device) of a plan that fits."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,16 +187,25 @@ class StaticDecode:
         """The ``(Bp, Wp)`` shapes prepared so far."""
         return sorted(self._steps)
 
-    def fits(self, plan: StepPlan, metadata: PagedAttentionMetadata) -> bool:
+    def fits(self, plan: StepPlan, metadata: AttentionMetadata) -> bool:
         """Whether ``plan`` is a decode step this object runs: one row per sequence, the last
-        row's logits of each, at most ``max_batch`` sequences and ``max_width`` context."""
+        row's logits of each, at most ``max_batch`` sequences and ``max_width`` context,
+        prepared by the reference store."""
+        if not isinstance(metadata, PagedAttentionMetadata):
+            return False
         rows, seqs = plan.num_tokens, plan.num_seqs
         if rows != seqs or not 1 <= seqs <= self.max_batch:
             return False
         return max(g.width for g in metadata.layout.groups) <= self.max_width
 
-    def run(self, plan: StepPlan, metadata: PagedAttentionMetadata) -> torch.Tensor:
-        """Logits ``[B, vocab]`` (float32, on the model's device) of a plan that :meth:`fits`."""
+    def run(self, plan: StepPlan, metadata: AttentionMetadata) -> torch.Tensor:
+        """Logits ``[B, vocab]`` (float32, on the model's device) of a plan that :meth:`fits`.
+
+        Raises:
+            InvalidRequest: metadata not prepared by the reference store.
+        """
+        if not isinstance(metadata, PagedAttentionMetadata):
+            raise InvalidRequest("a static decode step reads the reference store's metadata")
         seqs = plan.num_seqs
         width = max(g.width for g in metadata.layout.groups)
         rows = padded_size(seqs, self.batch_sizes)
@@ -264,8 +289,8 @@ class StaticDecode:
 
         if self.cuda_graphs:
             if self._pool is None:
-                self._pool = _capture_pool()
-            return _captured(step, device, self._pool)
+                self._pool = capture_pool()
+            return captured(step, device, self._pool)
         if self.compile:
             return _frozen(torch.compile(step, dynamic=False))
         return step
@@ -286,30 +311,6 @@ def _frozen(compiled: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def _capture_pool() -> object:
-    """A new memory pool for CUDA graph captures (``torch.cuda.graph_pool_handle``)."""
-    return torch.cuda.graph_pool_handle()
-
-
-def _captured(step: Callable[[], None], device: torch.device, pool: object) -> Callable[[], None]:
-    """``step`` captured as a CUDA graph (after warm-up runs on a side stream) into the memory
-    pool ``pool``, which other captures of the same runner share: replaying it reruns its
-    kernels on the buffers it captured.
-
-    Precondition: the buffers hold the plan about to run; the warm-up runs write its K/V.
-    """
-    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # warm-up: lazy initialisation outside the capture
-            step()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):  # type: ignore[arg-type]
-        step()
-    return graph.replay
-
-
 #: Largest decode batch run by :class:`StaticDecode` (larger ones take the ordinary path).
 STATIC_MAX_BATCH = 256
 
@@ -318,14 +319,16 @@ def resolve_cuda_graphs(
     options: RunnerOptions, model: Qwen3ForCausalLM, store: PagedStore | None
 ) -> RunnerOptions:
     """``options`` with ``cuda_graphs`` decided (ENG-205): as given when set; unset, on for a
-    v1 runner over the reference store whose model is on a CUDA device, whole (one rank) and
-    not compiled, off elsewhere."""
+    v1 runner over the reference store, or over the Triton store of ``attention="triton"``
+    (ENG-228), whose model is on a CUDA device, whole (one rank) and not compiled, off
+    elsewhere."""
     if options.cuda_graphs is not None:
         return options
     device = next(model.parameters()).device
     wanted = (
         device.type == "cuda"
-        and isinstance(store, TorchPagedStore)
+        and store is not None
+        and (isinstance(store, TorchPagedStore) or options.attention == "triton")
         and not options.compile
         and model.layout.size == 1
     )
@@ -334,14 +337,15 @@ def resolve_cuda_graphs(
 
 def static_store(
     model: Qwen3ForCausalLM, store: PagedStore | None, options: RunnerOptions
-) -> TorchPagedStore | None:
+) -> PagedStore | None:
     """The store whose pools the fixed-shape decode steps of ``options`` read, or ``None``
     where they are off.
 
     Raises:
         InvalidRequest: ``compile`` with ``cuda_graphs`` (a step is captured or compiled,
             not both), CUDA graphs on a model not on a CUDA device, or a store other than
-            the reference one (whose pools the captured step reads).
+            the reference one (whose pools the captured step reads) or the Triton store of
+            ``attention="triton"`` (whose steps are captured, never compiled: ENG-199).
     """
     if not (options.compile or options.cuda_graphs) or store is None:
         return None
@@ -350,8 +354,11 @@ def static_store(
     device = next(model.parameters()).device
     if options.cuda_graphs and device.type != "cuda":
         raise InvalidRequest(f"cuda_graphs needs a model on a CUDA device, not {device}")
-    if not isinstance(store, TorchPagedStore):
-        raise InvalidRequest("cuda_graphs and compile need pagedkv's TorchPagedStore")
+    if not isinstance(store, TorchPagedStore) and options.attention != "triton":
+        raise InvalidRequest(
+            "cuda_graphs and compile need pagedkv's TorchPagedStore (or, for cuda_graphs, "
+            "attention='triton' over it)"
+        )
     return store
 
 

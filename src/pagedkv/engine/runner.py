@@ -17,13 +17,8 @@ import torch
 from pagedkv.accel.cpu.builder import build_cpu_model, weight_nbytes
 from pagedkv.accel.cpu.host_memory import retain_freed_memory
 from pagedkv.accel.cpu.primitive_cache import cap_primitive_caches
-from pagedkv.accel.cuda.attention_choice import attention_store
-from pagedkv.accel.static_decode import (
-    StaticDecode,
-    resolve_cuda_graphs,
-    static_decode_over,
-    static_store,
-)
+from pagedkv.accel.cuda.attention_choice import attention_store, static_decode_for
+from pagedkv.accel.static_decode import StaticDecodePath, resolve_cuda_graphs, static_store
 from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
@@ -32,13 +27,13 @@ from pagedkv.model.loader import load_model
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
 from pagedkv.model.step_attention import PagedStepAttention, RecomputeStepAttention, StepAttention
 from pagedkv.plan import StepPlan
-from pagedkv.store.paged_store import PagedAttentionMetadata, TorchPagedStore
+from pagedkv.store.paged_store import TorchPagedStore
 
 #: Turns a step plan into the step's attention (validating the plan against the cache mode).
 PrepareAttention = Callable[[StepPlan], StepAttention]
 
 #: The fixed-shape decode path of the model a runner runs (given that model).
-StaticDecodeOf = Callable[[Qwen3ForCausalLM], StaticDecode]
+StaticDecodeOf = Callable[[Qwen3ForCausalLM], StaticDecodePath]
 
 
 class ModelRunner:
@@ -70,7 +65,7 @@ class ModelRunner:
             cap_primitive_caches()
         static = static_store(model, store, self.options)
         if static_decode is None and static is not None:
-            static_decode = partial(static_decode_over, store=static, options=self.options)
+            static_decode = partial(static_decode_for, store=static, options=self.options)
         self.model = build_cpu_model(model, store, self.options, static_decode is not None)
         self._prepare = prepare
         self._store = store
@@ -215,7 +210,6 @@ class ModelRunner:
             if (
                 self._static is not None
                 and isinstance(attention, PagedStepAttention)
-                and isinstance(attention.metadata, PagedAttentionMetadata)
                 and self._static.fits(plan, attention.metadata)
             ):
                 logits = self._static.run(plan, attention.metadata)

@@ -31,8 +31,9 @@ class RunnerOptions:
             in float32. Prefill runs eagerly. v1 runners only.
         cuda_graphs: replay decode steps from CUDA graphs captured per fixed shape
             (:mod:`pagedkv.accel.static_decode`); v1 runners on a CUDA device only. ``None``
-            (the default): on for a v1 runner over the reference store whose model is on a
-            CUDA device, unsharded and not compiled, off elsewhere (ENG-205); vLLM's
+            (the default): on for a v1 runner over the reference store, or with
+            ``attention="triton"`` (every batch size captured at start, ENG-228), whose model
+            is on a CUDA device, unsharded and not compiled, off elsewhere (ENG-205); vLLM's
             ``enforce_eager=True`` sets it ``False``.
         retain_freed_memory: keep the memory steps free inside the process, so that their
             large temporaries are not faulted in again layer after layer
@@ -73,8 +74,8 @@ class RunnerOptions:
             ``"triton"``, the Triton kernels of :mod:`pagedkv.accel.cuda` reading the pages in
             place (a store kernel, a split-K decode and a varlen prefill), over the same
             pools. ``"triton"`` needs triton installed and a pool on a CUDA device (or, on
-            the CPU, Triton's interpreter, ``TRITON_INTERPRET=1``, which the tests use), eager
-            steps (neither ``compile`` nor ``cuda_graphs``) and no ``decode_layers``; where
+            the CPU, Triton's interpreter, ``TRITON_INTERPRET=1``, which the tests use), steps
+            that are not compiled (``compile`` off) and no ``decode_layers``; where
             it cannot run it is refused, naming the reason. Any other value is refused.
 
     Raises:
