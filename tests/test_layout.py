@@ -316,6 +316,7 @@ TRITON_MODULES = (
     "triton_store",
     "norm_kernel",
     "swiglu_kernel",
+    "fused_modules",
 )
 
 
@@ -345,7 +346,7 @@ def test_only_the_cuda_room_imports_triton_and_the_rest_only_when_asked() -> Non
     outside = [p for p in sorted(SRC.rglob("*.py")) if room not in p.parents]
     assert len(outside) >= 100
     assert offences(outside, ("triton", *kernels)) == []
-    for choice in ("attention_choice.py",):
+    for choice in ("attention_choice.py", "fused_choice.py", "triton_substitute.py"):
         assert top_level_imports(room / choice, SRC.parent) & {"triton", *kernels} == set()
     plain = [
         p

@@ -318,8 +318,9 @@ def resolve_cuda_graphs(
     options: RunnerOptions, model: Qwen3ForCausalLM, store: PagedStore | None
 ) -> RunnerOptions:
     """``options`` with ``cuda_graphs`` decided (ENG-205): as given when set; unset, on for a
-    v1 runner over the reference store whose model is on a CUDA device, whole (one rank) and
-    not compiled, off elsewhere."""
+    v1 runner over the reference store whose model is on a CUDA device, whole (one rank), not
+    compiled and run by the reference modules (not ``fused_ops="triton"``, ENG-220), off
+    elsewhere."""
     if options.cuda_graphs is not None:
         return options
     device = next(model.parameters()).device
@@ -328,6 +329,7 @@ def resolve_cuda_graphs(
         and isinstance(store, TorchPagedStore)
         and not options.compile
         and model.layout.size == 1
+        and options.fused_ops == "reference"
     )
     return replace(options, cuda_graphs=wanted)
 
