@@ -22,6 +22,7 @@ RUN_WITHOUT_CUDA = {
     "tests/test_bench_limits.py::test_cuda_is_skipped_with_a_reason_without_a_gpu",
     "tests/test_triton_kernels.py::test_the_tests_run_the_kernels_under_the_interpreter",
     "tests/test_triton_option.py::test_triton_on_a_cpu_pool_without_the_interpreter_is_refused",
+    "tests/test_triton_fused_option.py::test_triton_on_a_cpu_model_without_the_interpreter_is_refused",
 }
 
 

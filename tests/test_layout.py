@@ -309,7 +309,15 @@ def test_a_literal_device_default_is_found(tmp_path: Path) -> None:
 
 
 #: The modules of the CUDA room that import triton (or a module that does) at their top.
-TRITON_MODULES = ("store_kernel", "decode_kernel", "prefill_kernel", "triton_store")
+TRITON_MODULES = (
+    "store_kernel",
+    "decode_kernel",
+    "prefill_kernel",
+    "triton_store",
+    "norm_kernel",
+    "swiglu_kernel",
+    "fused_modules",
+)
 
 
 def top_level_imports(path: Path, root: Path) -> set[str]:
@@ -330,16 +338,16 @@ def top_level_imports(path: Path, root: Path) -> set[str]:
 @pytest.mark.spec("PST-046")
 def test_only_the_cuda_room_imports_triton_and_the_rest_only_when_asked() -> None:
     """Nothing outside ``pagedkv.accel.cuda`` imports triton or the room's kernels, but the
-    backend and the runner through the module that resolves the option, which imports them
-    inside its function only; the reference model, the store and the torch-free packages
-    import nothing of the room."""
+    backend and the runner through the modules that resolve the options (``attention`` and
+    ``fused_ops``), which import them inside their functions only; the reference model, the
+    store and the torch-free packages import nothing of the room."""
     room = SRC / "accel" / "cuda"
     kernels = tuple(f"pagedkv.accel.cuda.{name}" for name in TRITON_MODULES)
     outside = [p for p in sorted(SRC.rglob("*.py")) if room not in p.parents]
     assert len(outside) >= 100
     assert offences(outside, ("triton", *kernels)) == []
-    choice = room / "attention_choice.py"
-    assert top_level_imports(choice, SRC.parent) & {"triton", *kernels} == set()
+    for choice in ("attention_choice.py", "fused_choice.py", "triton_substitute.py"):
+        assert top_level_imports(room / choice, SRC.parent) & {"triton", *kernels} == set()
     plain = [
         p
         for package in ("model", "store", "kv", "native")
@@ -353,7 +361,13 @@ def test_only_the_cuda_room_imports_triton_and_the_rest_only_when_asked() -> Non
             m == "triton" or m.startswith("triton.") for _, m in imported_modules(path, SRC.parent)
         )
     }
-    assert importers == {"store_kernel", "decode_kernel", "prefill_kernel"}
+    assert importers == {
+        "store_kernel",
+        "decode_kernel",
+        "prefill_kernel",
+        "norm_kernel",
+        "swiglu_kernel",
+    }
 
 
 def test_top_level_imports_leave_out_function_imports(tmp_path: Path) -> None:

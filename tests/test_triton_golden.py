@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from pagedkv.accel.cuda import fused_modules
 from pagedkv.accel.cuda.triton_store import TritonPagedStore
 from pagedkv.backend import triton_backend
 from pagedkv.testing.tiny_qwen3 import PRESETS
@@ -25,7 +26,7 @@ PRESET = "tied-gqa4-bias"
 NEW_TOKENS = 10
 
 
-@pytest.mark.spec("GLD-055", "ENG-199")
+@pytest.mark.spec("GLD-055", "ENG-199", "ENG-220")
 def test_triton_attention_matches_transformers_token_for_token(
     golden_checkpoints: GoldenCheckpoints, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -43,6 +44,15 @@ def test_triton_attention_matches_transformers_token_for_token(
         return attend(self, layer, query, *rest)
 
     monkeypatch.setattr(TritonPagedStore, "attention", counted)
+    launches: dict[str, int] = {}
+    for name in ("rms_norm", "rms_norm_rope", "swiglu"):
+        kernel = getattr(fused_modules, name)
+
+        def launched(*args: Any, name: str = name, kernel: Any = kernel) -> Any:
+            launches[name] = launches.get(name, 0) + 1
+            return kernel(*args)
+
+        monkeypatch.setattr(fused_modules, name, launched)
     prompts = golden_prompts(PRESETS[PRESET].vocab)
     engine, runner = model_engine(
         triton_backend(),
@@ -57,3 +67,7 @@ def test_triton_attention_matches_transformers_token_for_token(
     assert got == want
     assert max(runner.tokens_per_step) == 16  # a step was full: the long prompt was chunked
     assert len(calls) == 2 * len(runner.tokens_per_step)  # both layers of every step
+    # ENG-220: every norm, rotation and activation of both layers of every step ran the
+    # fused kernels (the final norm too).
+    steps = len(runner.tokens_per_step)
+    assert launches == {"rms_norm": 5 * steps, "rms_norm_rope": 4 * steps, "swiglu": 2 * steps}

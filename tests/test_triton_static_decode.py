@@ -68,7 +68,9 @@ def _reference_store(model: Qwen3ForCausalLM) -> TorchPagedStore:
     )
 
 
-def _static_runner(checkpoint: Path, *, cuda_graphs: bool) -> tuple[ModelRunner, TritonPagedStore]:
+def _static_runner(
+    checkpoint: Path, *, cuda_graphs: bool, options: RunnerOptions = TRITON
+) -> tuple[ModelRunner, TritonPagedStore]:
     """A Triton runner whose decode steps take the fixed-shape path, built over a fresh pool."""
     model = load_model(checkpoint)
     store = TritonPagedStore(_reference_store(model))
@@ -79,7 +81,7 @@ def _static_runner(checkpoint: Path, *, cuda_graphs: bool) -> tuple[ModelRunner,
         )
 
     runner = ModelRunner(
-        model, partial(PagedStepAttention.prepare, store), store, TRITON, static_decode=static
+        model, partial(PagedStepAttention.prepare, store), store, options, static_decode=static
     )
     return runner, store
 
@@ -92,9 +94,9 @@ def _generate(runner: ModelRunner) -> list[list[int]]:
     return [list(o.token_ids) for o in run_to_completion(engine, PROMPTS, params)]
 
 
-def _ordinary(checkpoint: Path) -> ModelRunner:
+def _ordinary(checkpoint: Path, options: RunnerOptions = TRITON) -> ModelRunner:
     model = load_model(checkpoint)
-    return ModelRunner.paged(model, _reference_store(model), TRITON)
+    return ModelRunner.paged(model, _reference_store(model), options)
 
 
 @pytest.mark.spec("ENG-228", "ENG-229")
@@ -135,14 +137,22 @@ def test_every_batch_size_is_captured_when_the_runner_is_built(
     assert len(captures) == 4  # the steps replayed; none captured
 
 
-@pytest.mark.spec("ENG-229")
-def test_fixed_shape_steps_give_the_ordinary_tokens(checkpoint: Path) -> None:
+@pytest.mark.spec("ENG-229", "ENG-220")
+@pytest.mark.parametrize(
+    "options",
+    [TRITON, RunnerOptions(attention="triton", fused_ops="triton")],
+    ids=["attention", "attention-and-fused-ops"],
+)
+def test_fixed_shape_steps_give_the_ordinary_tokens(
+    checkpoint: Path, options: RunnerOptions
+) -> None:
     """Run eagerly: five sequences decode padded to 6, then fewer as they end, contexts from 1
     to 40 positions over non-contiguous pages; every token is the ordinary Triton path's, and
-    the fixed-shape path ran (its buffers hold the last step's rows). Kills padded rows that
-    leak into a real row, or a page table copied into the wrong columns."""
-    runner, _ = _static_runner(checkpoint, cuda_graphs=False)
-    assert _generate(runner) == _generate(_ordinary(checkpoint))
+    the fixed-shape path ran (its buffers hold the last step's rows); with the fused Triton
+    norms, rotations and activations too (what a CUDA graph of that runner captures). Kills
+    padded rows that leak into a real row, or a page table copied into the wrong columns."""
+    runner, _ = _static_runner(checkpoint, cuda_graphs=False, options=options)
+    assert _generate(runner) == _generate(_ordinary(checkpoint, options))
     static = runner._static
     assert isinstance(static, TritonStaticDecode)
     assert static.shapes == list(capture_sizes(MAX_BATCH))

@@ -16,11 +16,19 @@ import sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from pagedkv.accel.cuda import decode_kernel, prefill_kernel, store_kernel
+from pagedkv.accel.cuda import (
+    decode_kernel,
+    norm_kernel,
+    prefill_kernel,
+    store_kernel,
+    swiglu_kernel,
+)
 from pagedkv.accel.cuda.kernel_shapes import DECODE_BLOCK_N, MAX_DECODE_SPLITS, block_of
 
 I32 = "i32"
 HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 16, 8, 128, 16
+#: The 0.6B model's hidden size (a power of two) and a width that is none, for the norms.
+HIDDEN_SIZES = (1024, 1000)
 GROUP = HEADS // KV_HEADS
 
 
@@ -28,7 +36,8 @@ def build(
     kernel: object, pointers: dict[str, str], constants: dict[str, object], arch: int
 ) -> None:
     """Compile ``kernel`` with ``pointers`` typed as given, every other runtime argument an
-    ``i32`` (strides) or ``fp32`` (``scale``), and ``constants`` for its compile-time ones."""
+    ``i32`` (strides, sizes) or ``fp32`` (``scale``, ``eps``), and ``constants`` for its
+    compile-time ones."""
     names: list[str] = kernel.arg_names  # type: ignore[attr-defined]
     signature = {}
     for name in names:
@@ -37,7 +46,7 @@ def build(
         elif name in pointers:
             signature[name] = pointers[name]
         else:
-            signature[name] = "fp32" if name == "scale" else I32
+            signature[name] = "fp32" if name in ("scale", "eps") else I32
     compiled = compile(
         ASTSource(fn=kernel, signature=signature, constexprs=constants),
         target=GPUTarget("cuda", arch, 32),
@@ -107,6 +116,35 @@ def main(arch: int) -> None:
                 "PRECISION": "ieee" if dtype == "fp32" else "tf32",
                 "UPCAST": False,
             },
+            arch,
+        )
+
+    fused(arch)
+
+
+def fused(arch: int) -> None:
+    """The fused kernels of ``fused_ops="triton"`` in each dtype they take: the norm with and
+    without its residual, the norm with the rotation, the SwiGLU activation."""
+    for dtype in ("bf16", "fp16", "fp32"):
+        pointer = f"*{dtype}"
+        norm_pointers = ("x_ptr", "residual_ptr", "total_ptr", "out_ptr", "weight_ptr")
+        for hidden in HIDDEN_SIZES:
+            build(
+                norm_kernel._rms_norm_kernel,
+                dict.fromkeys(norm_pointers, pointer),
+                {"HAS_RESIDUAL": hidden == HIDDEN_SIZES[0], "BLOCK": block_of(hidden, 1)},
+                arch,
+            )
+        build(
+            norm_kernel._rms_norm_rope_kernel,
+            dict.fromkeys(("x_ptr", "out_ptr", "weight_ptr", "cos_ptr", "sin_ptr"), pointer),
+            {"HEAD_DIM": HEAD_DIM, "BLOCK_D": block_of(HEAD_DIM, 1)},
+            arch,
+        )
+        build(
+            swiglu_kernel._swiglu_kernel,
+            dict.fromkeys(("gate_up_ptr", "out_ptr"), pointer),
+            {"BLOCK": swiglu_kernel.BLOCK},
             arch,
         )
 

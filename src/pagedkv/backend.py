@@ -261,12 +261,14 @@ def compiled_backend() -> ReferenceBackend:
 
 def triton_backend() -> ReferenceBackend:
     """Factory for ``--backend pagedkv.backend:triton_backend``: the reference with its paged
-    K/V written and attended by the Triton kernels (``attention="triton"``, ENG-199), its
-    stores and v1 runners held to the same suites; v0 runners keep no pages and attend as the
-    reference does. Runs on a CUDA device, or on the CPU under ``TRITON_INTERPRET=1``."""
+    K/V written and attended by the Triton kernels (``attention="triton"``, ENG-199) and its
+    norms, rotations and SwiGLU activations launched as Triton kernels too
+    (``fused_ops="triton"``, ENG-220), its stores and runners held to the same suites; v0
+    runners keep no pages and attend as the reference does, with the fused ops. Runs on a
+    CUDA device, or on the CPU under ``TRITON_INTERPRET=1``."""
     return ReferenceBackend(
-        name="pagedkv reference, Triton attention",
-        runner_options=RunnerOptions(attention="triton"),
+        name="pagedkv reference, Triton attention and fused ops",
+        runner_options=RunnerOptions(attention="triton", fused_ops="triton"),
     )
 
 

@@ -18,6 +18,7 @@ from pagedkv.accel.cpu.builder import build_cpu_model, weight_nbytes
 from pagedkv.accel.cpu.host_memory import retain_freed_memory
 from pagedkv.accel.cpu.primitive_cache import cap_primitive_caches
 from pagedkv.accel.cuda.attention_choice import attention_store, static_decode_for
+from pagedkv.accel.cuda.fused_choice import fused_ops_model
 from pagedkv.accel.static_decode import StaticDecodePath, resolve_cuda_graphs, static_store
 from pagedkv.device import DEFAULT_DEVICE
 from pagedkv.engine.runner_options import RunnerOptions
@@ -59,6 +60,8 @@ class ModelRunner:
         static_decode: StaticDecodeOf | None = None,
     ) -> None:
         self.options = resolve_cuda_graphs(options or RunnerOptions(), model, store)
+        # The Triton norms, rotations and activations the options choose (ENG-220), in a copy.
+        fused = fused_ops_model(model, self.options)
         if next(model.parameters()).device.type == "cpu":
             # Before the first oneDNN product (packing the weights is one), which reads them
             # (ENG-197).
@@ -66,7 +69,7 @@ class ModelRunner:
         static = static_store(model, store, self.options)
         if static_decode is None and static is not None:
             static_decode = partial(static_decode_for, store=static, options=self.options)
-        self.model = build_cpu_model(model, store, self.options, static_decode is not None)
+        self.model = build_cpu_model(fused, store, self.options, static_decode is not None)
         self._prepare = prepare
         self._store = store
         self._static = None if static_decode is None else static_decode(self.model)

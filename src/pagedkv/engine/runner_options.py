@@ -12,6 +12,9 @@ from pagedkv.errors import InvalidRequest
 #: The values of :attr:`RunnerOptions.attention`.
 ATTENTION_KERNELS = ("reference", "triton")
 
+#: The values of :attr:`RunnerOptions.fused_ops`.
+FUSED_OPS_KERNELS = ("reference", "triton")
+
 
 @dataclass(frozen=True, slots=True)
 class RunnerOptions:
@@ -77,9 +80,24 @@ class RunnerOptions:
             the CPU, Triton's interpreter, ``TRITON_INTERPRET=1``, which the tests use), steps
             that are not compiled (``compile`` off) and no ``decode_layers``; where
             it cannot run it is refused, naming the reason. Any other value is refused.
+        fused_ops: the kernels of the position-wise modules of the layers (ENG-220):
+            ``"reference"`` (the default), the reference modules (or the CPU's C kernels of
+            ``fused_norms`` and ``fused_swiglu``); ``"triton"``, the Triton kernels of
+            :mod:`pagedkv.accel.cuda` for every RMSNorm (fused with the residual add before it),
+            every query/key norm with the rotation after it, and every dense MLP's SwiGLU
+            activation: a few launches a layer where the modules make dozens. An option of its
+            own rather than part of ``attention``: these kernels read no pool, so v0 runners
+            and the reference store run them too, and each choice can be timed alone.
+            ``"triton"`` needs triton installed and a model on a CUDA device (or, on the CPU,
+            Triton's interpreter, ``TRITON_INTERPRET=1``), eager steps (neither ``compile``
+            nor ``cuda_graphs``; unset, ``cuda_graphs`` is off with it), and neither
+            ``fused_norms=True`` nor ``fused_swiglu=True`` (the C kernels of the same
+            modules, off with it when unset); where it cannot run it is refused, naming the
+            reason. Any other value is refused.
 
     Raises:
-        InvalidRequest: an ``attention`` other than those of :data:`ATTENTION_KERNELS`.
+        InvalidRequest: an ``attention`` other than those of :data:`ATTENTION_KERNELS`, or a
+            ``fused_ops`` other than those of :data:`FUSED_OPS_KERNELS`.
     """
 
     pack_weights: bool | None = None
@@ -91,11 +109,16 @@ class RunnerOptions:
     packed_gemv: bool | None = None
     decode_layers: bool | None = None
     attention: str = "reference"
+    fused_ops: str = "reference"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
             raise InvalidRequest(
                 f"attention={self.attention!r}: one of {', '.join(ATTENTION_KERNELS)}"
+            )
+        if self.fused_ops not in FUSED_OPS_KERNELS:
+            raise InvalidRequest(
+                f"fused_ops={self.fused_ops!r}: one of {', '.join(FUSED_OPS_KERNELS)}"
             )
 
     @property

@@ -4,12 +4,14 @@ modules replaced by the C and oneDNN ones where the runner's options and the mac
 Each option of :class:`~pagedkv.engine.runner_options.RunnerOptions` is resolved here, once:
 ``pack_weights`` (oneDNN's packed weights, :mod:`pagedkv.accel.cpu.packed_linear`),
 ``fused_norms`` (ENG-116), ``fused_swiglu`` (ENG-159), ``packed_gemv`` (ENG-117) and
-``decode_layers`` (ENG-160). An option left ``None`` is on where it can run; ``True`` where it
-cannot is refused with the reason. The model given is never changed: the result is a copy of
-its module tree sharing its tensors (:mod:`pagedkv.accel.substitution`). A model that is itself
-the result of a build keeps the substitutes it has, each copied for the new runner; an option
-that would remove one (``fused_norms=False`` on fused norms) is refused, since the reference
-modules' plain weights are gone from it.
+``decode_layers`` (ENG-160); with ``fused_ops="triton"`` (ENG-220) the norms and MLPs are
+the CUDA room's substitutes, built before (:mod:`pagedkv.accel.cuda.fused_choice`), and the C
+kernels of the same modules stay off. An option left ``None`` is on where it can run;
+``True`` where it cannot is refused with the reason. The model given is never changed: the
+result is a copy of its module tree sharing its tensors (:mod:`pagedkv.accel.substitution`).
+A model that is itself the result of a build keeps the substitutes it has, each copied for the
+new runner; an option that would remove one (``fused_norms=False`` on fused norms) is
+refused, since the reference modules' plain weights are gone from it.
 """
 
 from __future__ import annotations
@@ -61,21 +63,32 @@ def build_cpu_model(
             "(pack_weights=True, or a model packed by another runner)"
         )
     weight = model.model.norm.weight
-    norms = _kernel(
-        "fused_norms",
-        "norms",
-        options.fused_norms,
-        has_fused_norms(model),
-        weight,
-        FusedNorms.build,
+    # fused_ops="triton" (ENG-220): the CUDA room's substitutes hold the norms and MLPs, which
+    # the C kernels leave alone (a conflicting setting was refused there).
+    triton_ops = options.fused_ops == "triton"
+    norms = (
+        None
+        if triton_ops
+        else _kernel(
+            "fused_norms",
+            "norms",
+            options.fused_norms,
+            has_fused_norms(model),
+            weight,
+            FusedNorms.build,
+        )
     )
-    swiglu = _kernel(
-        "fused_swiglu",
-        "MLPs",
-        options.fused_swiglu,
-        has_fused_swiglu(model),
-        weight,
-        FusedSwiGLU.build,
+    swiglu = (
+        None
+        if triton_ops
+        else _kernel(
+            "fused_swiglu",
+            "MLPs",
+            options.fused_swiglu,
+            has_fused_swiglu(model),
+            weight,
+            FusedSwiGLU.build,
+        )
     )
     gemv = _gemv(options.packed_gemv, model)
 
