@@ -159,7 +159,12 @@ def test_a_spent_share_cuts_nanovllm_between_steps(tmp_path: Path) -> None:
     result = WorkloadResult("device")
     sizes = dataclasses.replace(TINY_SIZES, nano_high=20)
     part = device_rows.Part(
-        ctx, sizes, _spent_after("nanovllm", 3), tiny_checkpoint(tmp_path), result
+        ctx,
+        sizes,
+        _spent_after("nanovllm", 3),
+        tiny_checkpoint(tmp_path),
+        result,
+        device_rows.runner_variants("cpu"),
     )
     device_rows.nanovllm_part(part)
     made = result.figures["nanovllm"]
@@ -220,3 +225,21 @@ def test_a_workload_in_its_own_process_keeps_the_time_left(
     skipped = suite._run_one(table, "probe", spent, tiny_checkpoint(tmp_path), 256)
     assert skipped.notes == ["cut: probe not started: the run's time budget was spent"]
     assert len(seen) == 2
+
+
+@pytest.mark.spec("ENG-230")
+def test_the_triton_variant_is_timed_on_cuda_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CUDA device with triton installed both variants are timed, the Triton one with
+    both Triton options; on the CPU, or without triton, the defaults alone. Kills a device run
+    that never times the Triton kernels, or a CPU run that times the interpreter."""
+    from pagedkv.engine.runner_options import RunnerOptions
+
+    monkeypatch.setattr(device_rows.importlib.util, "find_spec", lambda name: object())
+    on_cuda = device_rows.runner_variants("cuda:0")
+    assert on_cuda == {
+        "pagedkv": RunnerOptions(),
+        "pagedkv-triton": RunnerOptions(attention="triton", fused_ops="triton"),
+    }
+    assert device_rows.runner_variants("cpu") == {"pagedkv": RunnerOptions()}
+    monkeypatch.setattr(device_rows.importlib.util, "find_spec", lambda name: None)
+    assert device_rows.runner_variants("cuda") == {"pagedkv": RunnerOptions()}

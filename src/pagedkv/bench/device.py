@@ -24,12 +24,12 @@ from pagedkv.bench.budget import split
 from pagedkv.bench.checkpoints import Checkpoint, qwen3_shaped_checkpoint, tiny_checkpoint
 from pagedkv.bench.context import BenchContext
 from pagedkv.bench.device_rows import (
-    RUNNER_VARIANTS,
     Part,
     decode_part,
     mixed_part,
     nanovllm_part,
     requests_part,
+    runner_variants,
 )
 from pagedkv.bench.device_sizes import GPU_SIZES, TINY_SIZES
 from pagedkv.bench.results import WorkloadResult
@@ -74,12 +74,13 @@ def run(ctx: BenchContext) -> WorkloadResult:
     checkpoint = _checkpoint(ctx, sizes.tiny)
     result.figures["checkpoint"] = checkpoint.name
     result.figures["sizes"] = asdict(sizes)
-    result.figures["runner_variants"] = sorted(RUNNER_VARIANTS)
+    variants = runner_variants(ctx.device)
+    result.figures["runner_variants"] = sorted(variants)
     if ctx.device.startswith("cuda"):
         result.figures["gpu"] = torch.cuda.get_device_name(ctx.device)
     shares = split([(name, weight) for name, weight, _ in PARTS], time.perf_counter(), ctx.deadline)
     for name, _, body in PARTS:
-        part = Part(ctx, sizes, shares[name], checkpoint, result)
+        part = Part(ctx, sizes, shares[name], checkpoint, result, variants)
         if part.cut(0, 1, "parts: not started"):
             continue
         started = time.perf_counter()

@@ -16,9 +16,10 @@ measured at the start of the part. Each figure is logged as it is measured.
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,9 +59,26 @@ from pagedkv.interfaces import Engine
 from pagedkv.model.config import ModelConfig
 
 #: The runner variants pagedkv is timed under in the decode and request rows, by system name.
-#: The hook for alternative kernels (an attention kernel option, say): add a variant here and
-#: every such row times it beside the others. The default is the runner's defaults.
-RUNNER_VARIANTS: dict[str, RunnerOptions] = {"pagedkv": RunnerOptions()}
+#: The hook for alternative kernels: add a variant here and every such row times it beside the
+#: others. ``pagedkv`` is the runner's defaults; ``pagedkv-triton`` the Triton kernels (paged
+#: attention read in place and the fused norms, rotations and activations, ENG-199, ENG-220),
+#: whose decode graphs are captured per batch size at start (ENG-228).
+RUNNER_VARIANTS: dict[str, RunnerOptions] = {
+    "pagedkv": RunnerOptions(),
+    "pagedkv-triton": RunnerOptions(attention="triton", fused_ops="triton"),
+}
+
+
+def runner_variants(device: str) -> dict[str, RunnerOptions]:
+    """The variants of :data:`RUNNER_VARIANTS` that run on ``device``: the Triton one on a
+    CUDA device with triton installed only (the CPU runs Triton only under its interpreter,
+    which times nothing a user runs)."""
+    triton_runs = device.startswith("cuda") and importlib.util.find_spec("triton") is not None
+    return {
+        name: options
+        for name, options in RUNNER_VARIANTS.items()
+        if triton_runs or options == RunnerOptions()
+    }
 
 
 @dataclass
@@ -73,7 +91,7 @@ class Part:
     share: Share
     checkpoint: Checkpoint
     result: WorkloadResult
-    variants: dict[str, RunnerOptions] = field(default_factory=lambda: dict(RUNNER_VARIANTS))
+    variants: dict[str, RunnerOptions]
 
     def cut(self, done: int, total: int, unit: str) -> bool:
         """Whether the part's share is spent; if so the cut is noted and logged."""
