@@ -78,8 +78,15 @@ class RunnerOptions:
             that are not compiled (``compile`` off) and no ``decode_layers``; where
             it cannot run it is refused, naming the reason. Any other value is refused.
 
+        max_decode_batch: the largest decode batch run on fixed shapes (``cuda_graphs`` or
+            ``compile``): their batch sizes are 1, 2, 4, ... below it and it itself (ENG-206,
+            ENG-226). ``None`` (the default): the engine's ``max_num_seqs`` where an engine
+            builds the runner (:meth:`~pagedkv.backend.ReferenceBackend.load_engine`), as vLLM
+            captures up to its ``max_num_seqs``; 256 for a runner built alone.
+
     Raises:
-        InvalidRequest: an ``attention`` other than those of :data:`ATTENTION_KERNELS`.
+        InvalidRequest: an ``attention`` other than those of :data:`ATTENTION_KERNELS`, or a
+            ``max_decode_batch`` below 1.
     """
 
     pack_weights: bool | None = None
@@ -91,8 +98,11 @@ class RunnerOptions:
     packed_gemv: bool | None = None
     decode_layers: bool | None = None
     attention: str = "reference"
+    max_decode_batch: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_decode_batch is not None and self.max_decode_batch < 1:
+            raise InvalidRequest(f"max_decode_batch must be >= 1, got {self.max_decode_batch}")
         if self.attention not in ATTENTION_KERNELS:
             raise InvalidRequest(
                 f"attention={self.attention!r}: one of {', '.join(ATTENTION_KERNELS)}"
