@@ -357,3 +357,37 @@ def test_an_engines_runner_runs_fixed_shapes_up_to_its_max_num_seqs(checkpoint: 
     assert alone._static.max_batch == 256
     with pytest.raises(InvalidRequest, match="max_decode_batch"):
         RunnerOptions(max_decode_batch=0)
+
+
+def _storages_of_plans(engine: Any) -> list[tuple[int, int]]:
+    """Runs two requests on ``engine``; for each plan, the storage of its token ids and of its
+    scheduler's staging's device buffer."""
+    from pagedkv.engine.llm import run_to_completion
+    from pagedkv.engine.params import SamplingParams
+
+    seen: list[tuple[int, int]] = []
+    execute = engine.runner.execute
+
+    def recording(plan: StepPlan) -> torch.Tensor:
+        staging = engine.scheduler.staging_for(plan.input_ids.device)
+        buffer = staging.device_buffer.untyped_storage().data_ptr()
+        seen.append((plan.input_ids.untyped_storage().data_ptr(), buffer))
+        return execute(plan)  # type: ignore[no-any-return]
+
+    engine.runner.execute = recording
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    run_to_completion(engine, [[1, 2, 3], [4, 5, 6, 7, 8]], params)
+    return seen
+
+
+@pytest.mark.spec("ENG-224")
+def test_an_engines_plans_are_views_of_its_schedulers_staging(checkpoint: Path) -> None:
+    """Every plan an engine runs (prefill and decode steps, v1 and v0) is a view of its
+    scheduler's one staging, whose device buffer stays the same storage step after step. Kills
+    a scheduler that builds its plans without the staging, or a staging made per step."""
+    for mode in ("v1", "v0"):
+        config = EngineConfig(page_size=PAGE, num_pages=NUM_PAGES, mode=mode)
+        seen = _storages_of_plans(load_engine(checkpoint, config))
+        assert len(seen) >= 4
+        assert {plan for plan, _ in seen} == {seen[0][1]}
+        assert {buffer for _, buffer in seen} == {seen[0][1]}
