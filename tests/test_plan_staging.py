@@ -182,11 +182,13 @@ def test_the_buffers_grow_geometrically_and_are_reused() -> None:
     scheduler keeps one staging. Kills a staging that allocates per step, grows to the exact
     size (one growth per larger step), or shrinks back."""
     staging = PlanStaging("cpu", capacity=16)
-    small = [torch.arange(3), torch.arange(4)]
+    small = [torch.arange(5), torch.arange(4) + 10, torch.arange(2) + 20]
     first = staging.stage(small)
     buffer = staging.device_buffer
     second = staging.stage(small)
     for staged in (first, second):
+        for got, part in zip(staged.device, small, strict=True):
+            assert torch.equal(got, part)
         for part in staged.device:
             assert part.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
     assert staging.growths == 0
