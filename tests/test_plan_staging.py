@@ -340,7 +340,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_an_engines_runner_runs_fixed_shapes_up_to_its_max_num_seqs(checkpoint: Path) -> None:
     """An engine's runner with fixed-shape decode steps takes batches up to the engine's
     ``max_num_seqs`` (past 256 too), powers of two and ``max_num_seqs`` itself; a runner's own
-    ``max_decode_batch`` wins; a runner built alone keeps 256. Kills the fixed 256."""
+    ``max_decode_batch`` wins, over the Triton store's fixed-shape path too; a runner built
+    alone keeps 256. Kills the fixed 256 of either path."""
     for max_num_seqs, options, wanted in (
         (48, RunnerOptions(compile=True), 48),
         (300, RunnerOptions(compile=True), 300),
@@ -352,6 +353,17 @@ def test_an_engines_runner_runs_fixed_shapes_up_to_its_max_num_seqs(checkpoint: 
         assert isinstance(runner, ModelRunner)
         assert runner._static is not None
         assert runner._static.batch_sizes == capture_sizes(wanted)
+    from pagedkv.accel.cuda.attention_choice import static_decode_for
+    from pagedkv.accel.cuda.triton_store import TritonPagedStore
+    from pagedkv.model.loader import load_model
+
+    model = load_model(checkpoint)
+    cfg = model.config
+    shape = StoreConfig(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, PAGE, 8)
+    triton = static_decode_for(
+        model, TritonPagedStore(TorchPagedStore(shape)), RunnerOptions(max_decode_batch=48)
+    )
+    assert triton.batch_sizes == capture_sizes(48)
     alone = ModelRunner.from_model_dir(
         checkpoint, num_pages=NUM_PAGES, page_size=PAGE, options=RunnerOptions(compile=True)
     )
