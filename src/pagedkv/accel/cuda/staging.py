@@ -3,10 +3,11 @@
 A step's plan is a handful of small int64 tensors (token ids, positions, offsets, context
 lengths, page tables, slots, logits rows). Moved one by one from pageable host memory, each is
 a synchronous copy of its own. :class:`PlanStaging` instead keeps two buffers for the life of
-a scheduler (or a store): one on the host, page-locked (pinned) when the device is CUDA, and
+a scheduler: one on the host, page-locked (pinned) when the device is CUDA, and
 one on the device. Each step writes its tensors into the host buffer back to back and moves
 them with ONE copy, non-blocking from pinned memory, into the device buffer; the step's
-tensors are views of the two buffers (ENG-224, PST-052).
+tensors are views of the two buffers (ENG-224). :func:`move_once` is the same single copy into
+a buffer of its own, for tensors that outlive the step (the Triton store's metadata, PST-052).
 
 The buffers grow geometrically (to at least twice their size) when a step needs more, and are
 never shrunk, so a steady load allocates nothing per step. On the CPU (and on any device that
@@ -39,8 +40,7 @@ class PlanStaging:
 
     Args:
         device: where the staged tensors are wanted.
-        dtype: their integer dtype (``torch.int64`` for a plan, ``torch.int32`` for the
-            Triton store's metadata).
+        dtype: their integer dtype (``torch.int64`` for a plan).
         capacity: elements held before the first growth, >= 1.
 
     Raises:
