@@ -136,7 +136,7 @@ class ReferenceBackend:
         defaults = GenerationDefaults.load(generation_config, path)
         tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
         eos_ids = eos_token_ids(path)
-        runner = self.create_model_runner(
+        runner = self.for_batch(config.max_num_seqs).create_model_runner(
             str(path),
             num_pages=config.num_pages if config.mode == "v1" else None,
             page_size=config.page_size,
@@ -151,6 +151,14 @@ class ReferenceBackend:
             if isinstance(runner, Closable):  # a tensor-parallel runner's workers
                 runner.close()
             raise
+
+    def for_batch(self, max_num_seqs: int) -> ReferenceBackend:
+        """This backend, its runners' fixed-shape decode batches going up to ``max_num_seqs``
+        (ENG-226) unless ``runner_options.max_decode_batch`` says otherwise."""
+        if self.runner_options.max_decode_batch is not None:
+            return self
+        options = dataclasses.replace(self.runner_options, max_decode_batch=max_num_seqs)
+        return dataclasses.replace(self, runner_options=options)
 
     def create_paged_store(self, config: StoreConfig) -> PagedStore:
         """The reference store, or the store of the attention kernels ``runner_options``

@@ -29,12 +29,25 @@ class AttentionBatch:
             rows); ``None`` when the step uses no cache, or when the batch is only read.
             :meth:`~pagedkv.interfaces.PagedStore.prepare` checks them against the pool
             once, so that :meth:`~pagedkv.interfaces.PagedStore.write` need not.
+        host: the same batch on the host, as the plan builders made it before moving it to
+            the device (PST-051): ``prepare`` checks its values there and reads none back from
+            the device. ``None`` when the tensors themselves are the ones to read (a batch
+            built on the CPU, or by hand). Its tensors must hold the same values as this
+            batch's, of the same shapes (PST-053); the builders guarantee it, and a caller
+            building a batch by hand gives ``None``.
     """
 
     query_start: torch.Tensor
     context_lens: torch.Tensor
     page_tables: torch.Tensor | None
     slot_mapping: torch.Tensor | None = None
+    host: AttentionBatch | None = None
+
+    @property
+    def on_host(self) -> AttentionBatch:
+        """The batch whose values a check reads: :attr:`host` where there is one, else this
+        batch itself."""
+        return self if self.host is None else self.host
 
 
 @dataclass(frozen=True)

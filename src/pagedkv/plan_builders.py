@@ -5,14 +5,20 @@ computed, their K/V written at the plan's slots and read back through its page t
 :func:`build_recompute_plan` (v0: every sequence is recomputed from position 0 and the plan has
 no slots and no page tables). Both validate their chunks here, once, so the model and the store
 never re-check a plan's ranges per layer.
+
+Every tensor is born on the host. Off the CPU the builders move them to the device in one copy,
+through a :class:`Staging` when one is given (the schedulers give one, persistent:
+:class:`~pagedkv.accel.cuda.staging.PlanStaging`, ENG-224), and keep the host tensors in the
+plan's :attr:`~pagedkv.plan.AttentionBatch.host`, so that checks read them there and never read
+a device tensor back (ENG-225, PST-051).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -31,6 +37,33 @@ class _Flat:
     starts: list[int]
     context_lens: list[int]
     logits_rows: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A step's tensors, staged: each part on the host and on the device.
+
+    Attributes:
+        host: each part, a 1-D host tensor, in the order given to :meth:`Staging.stage`.
+        device: the same values on the device, in the same order.
+    """
+
+    host: tuple[torch.Tensor, ...]
+    device: tuple[torch.Tensor, ...]
+
+
+class Staging(Protocol):
+    """Moves a step's host tensors to its device in one copy (ENG-224)."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where the staged tensors go."""
+        ...
+
+    def stage(self, parts: Sequence[torch.Tensor]) -> Staged:
+        """``parts`` (1-D int64 host tensors) on the host and on :attr:`device`; valid until
+        the next call."""
+        ...
 
 
 def _flatten(chunks: Sequence[SeqChunk]) -> _Flat:
@@ -56,32 +89,64 @@ def _flatten(chunks: Sequence[SeqChunk]) -> _Flat:
     return flat
 
 
-def _tensor(values: Sequence[int], device: torch.device | str) -> torch.Tensor:
-    """``values`` as a 1-D int64 tensor on ``device``, read from an ``array`` of C integers:
+def _host(values: Sequence[int]) -> torch.Tensor:
+    """``values`` as a 1-D int64 host tensor, read from an ``array`` of C integers:
     ``torch.tensor`` would walk a Python list element by element, several times slower."""
     if not values:
-        return torch.empty(0, dtype=torch.int64, device=device)
-    host = torch.frombuffer(array("q", values), dtype=torch.int64)
-    return host if torch.device(device).type == "cpu" else host.to(device)
+        return torch.empty(0, dtype=torch.int64)
+    return torch.frombuffer(array("q", values), dtype=torch.int64)
+
+
+def _stage(
+    parts: Sequence[torch.Tensor], device: torch.device | str, staging: Staging | None
+) -> Staged:
+    """``parts`` on the host and on ``device``: through ``staging`` when given; else the host
+    tensors themselves on the CPU, or one concatenated copy to ``device`` cut into views."""
+    if staging is not None:
+        if staging.device != torch.device(device):
+            raise InvalidRequest(f"a staging for {staging.device} cannot build a plan for {device}")
+        return staging.stage(parts)
+    host = tuple(parts)
+    if torch.device(device).type == "cpu":
+        return Staged(host, host)
+    moved = torch.cat(host).to(device) if host else torch.empty(0, dtype=torch.int64)
+    return Staged(host, tuple(torch.split(moved, [int(p.shape[0]) for p in host])))
 
 
 def _plan(
     flat: _Flat,
     device: torch.device | str,
-    page_tables: torch.Tensor | None,
-    slot_mapping: torch.Tensor | None,
+    staging: Staging | None,
+    tables: tuple[list[int], int] | None = None,
+    slots: list[int] | None = None,
+    pairs: list[int] | None = None,
 ) -> StepPlan:
-    query_start = _tensor(flat.starts, device)
+    """The plan of ``flat``, with (v1) its page tables (values and row width), slots and page
+    copies (sources then targets), every tensor staged in one copy to ``device``."""
+    lists = [flat.ids, flat.positions, flat.starts, flat.context_lens, flat.logits_rows]
+    extra = [x for x in (None if tables is None else tables[0], slots, pairs) if x is not None]
+    staged = _stage([_host(v) for v in [*lists, *extra]], device, staging)
+
+    def batch(parts: tuple[torch.Tensor, ...], host: AttentionBatch | None) -> AttentionBatch:
+        if tables is None:
+            return AttentionBatch(parts[2], parts[3], None, None, host)
+        return AttentionBatch(
+            query_start=parts[2],
+            context_lens=parts[3],
+            page_tables=parts[5].view(-1, tables[1]),
+            slot_mapping=parts[6],
+            host=host,
+        )
+
+    same = staged.host is staged.device
+    parts = staged.device
+    copies = None if pairs is None else parts[7].view(2, -1)
     return StepPlan(
-        input_ids=_tensor(flat.ids, device),
-        positions=_tensor(flat.positions, device),
-        attention=AttentionBatch(
-            query_start=query_start,
-            context_lens=_tensor(flat.context_lens, device),
-            page_tables=page_tables,
-            slot_mapping=slot_mapping,
-        ),
-        logits_indices=_tensor(flat.logits_rows, device),
+        input_ids=parts[0],
+        positions=parts[1],
+        attention=batch(parts, None if same else batch(staged.host, None)),
+        logits_indices=parts[4],
+        page_copies=copies,
     )
 
 
@@ -90,12 +155,14 @@ def build_paged_plan(
     page_size: int,
     device: torch.device | str = DEFAULT_DEVICE,
     copies: Sequence[PageCopy] = (),
+    staging: Staging | None = None,
 ) -> StepPlan:
     """Flatten ``chunks`` into a plan over a paged KV cache (v1).
 
     Each chunk's pages must cover its context (positions ``0..start + len(token_ids) - 1``);
     the slots of its new tokens are computed here from its pages. ``copies`` are made before
-    the step writes anything.
+    the step writes anything. With ``staging``, the plan's tensors are views of its buffers,
+    valid until it stages the next plan (ENG-224).
 
     Raises:
         InvalidRequest: no chunk, an empty chunk, a negative start, or pages that do not cover
@@ -121,16 +188,14 @@ def build_paged_plan(
     for chunk in chunks:
         tables.extend(chunk.pages)
         tables.extend([0] * (width - len(chunk.pages)))
-    page_tables = _tensor(tables, device).view(len(chunks), width)
-    plan = _plan(flat, device, page_tables, _tensor(slots, device))
-    if not copies:
-        return plan
-    pairs = [c.src for c in copies] + [c.dst for c in copies]
-    return dataclasses.replace(plan, page_copies=_tensor(pairs, device).view(2, len(copies)))
+    pairs = [c.src for c in copies] + [c.dst for c in copies] if copies else None
+    return _plan(flat, device, staging, (tables, width), slots, pairs)
 
 
 def build_recompute_plan(
-    chunks: Sequence[SeqChunk], device: torch.device | str = DEFAULT_DEVICE
+    chunks: Sequence[SeqChunk],
+    device: torch.device | str = DEFAULT_DEVICE,
+    staging: Staging | None = None,
 ) -> StepPlan:
     """Flatten ``chunks`` into a cache-less plan (v0): every chunk is a whole sequence from
     position 0, and attention sees only the step's own rows.
@@ -141,4 +206,4 @@ def build_recompute_plan(
     for chunk in chunks:
         if chunk.start_position != 0:
             raise InvalidRequest("a cache-less plan recomputes whole sequences from 0")
-    return _plan(_flatten(chunks), device, None, None)
+    return _plan(_flatten(chunks), device, staging)

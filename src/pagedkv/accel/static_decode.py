@@ -311,7 +311,9 @@ def _frozen(compiled: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-#: Largest decode batch run by :class:`StaticDecode` (larger ones take the ordinary path).
+#: Largest decode batch run by :class:`StaticDecode` of a runner built without an engine and
+#: without ``max_decode_batch`` (larger ones take the ordinary path); an engine's runner runs
+#: up to its ``max_num_seqs`` (ENG-226).
 STATIC_MAX_BATCH = 256
 
 
@@ -365,12 +367,13 @@ def static_store(
 def static_decode_over(
     model: Qwen3ForCausalLM, store: TorchPagedStore, options: RunnerOptions
 ) -> StaticDecode:
-    """The fixed-shape decode path of ``options`` for ``model`` over the reference ``store``."""
+    """The fixed-shape decode path of ``options`` for ``model`` over the reference ``store``:
+    batches up to ``options.max_decode_batch`` (ENG-226), else :data:`STATIC_MAX_BATCH`."""
     config = store.config
     return StaticDecode(
         model,
         store,
-        max_batch=STATIC_MAX_BATCH,
+        max_batch=options.max_decode_batch or STATIC_MAX_BATCH,
         max_width=min(model.config.max_positions, config.num_pages * config.page_size),
         cuda_graphs=options.cuda_graphs is True,
         compile=options.compile,

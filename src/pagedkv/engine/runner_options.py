@@ -89,15 +89,22 @@ class RunnerOptions:
             own rather than part of ``attention``: these kernels read no pool, so v0 runners
             and the reference store run them too, and each choice can be timed alone.
             ``"triton"`` needs triton installed and a model on a CUDA device (or, on the CPU,
-            Triton's interpreter, ``TRITON_INTERPRET=1``), eager steps (neither ``compile``
-            nor ``cuda_graphs``; unset, ``cuda_graphs`` is off with it), and neither
+            Triton's interpreter, ``TRITON_INTERPRET=1``), steps that are not compiled
+            (``compile`` off; CUDA graphs capture them, ENG-228), and neither
             ``fused_norms=True`` nor ``fused_swiglu=True`` (the C kernels of the same
             modules, off with it when unset); where it cannot run it is refused, naming the
             reason. Any other value is refused.
 
+        max_decode_batch: the largest decode batch run on fixed shapes (``cuda_graphs`` or
+            ``compile``): their batch sizes are 1, 2, 4, ... below it and it itself (ENG-206,
+            ENG-226). ``None`` (the default): the engine's ``max_num_seqs`` where an engine
+            builds the runner (:meth:`~pagedkv.backend.ReferenceBackend.load_engine`), as vLLM
+            captures up to its ``max_num_seqs``; 256 for a runner built alone.
+
     Raises:
         InvalidRequest: an ``attention`` other than those of :data:`ATTENTION_KERNELS`, or a
-            ``fused_ops`` other than those of :data:`FUSED_OPS_KERNELS`.
+            ``fused_ops`` other than those of :data:`FUSED_OPS_KERNELS`, or a
+            ``max_decode_batch`` below 1.
     """
 
     pack_weights: bool | None = None
@@ -110,8 +117,11 @@ class RunnerOptions:
     decode_layers: bool | None = None
     attention: str = "reference"
     fused_ops: str = "reference"
+    max_decode_batch: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_decode_batch is not None and self.max_decode_batch < 1:
+            raise InvalidRequest(f"max_decode_batch must be >= 1, got {self.max_decode_batch}")
         if self.attention not in ATTENTION_KERNELS:
             raise InvalidRequest(
                 f"attention={self.attention!r}: one of {', '.join(ATTENTION_KERNELS)}"

@@ -98,8 +98,11 @@ class RecomputeStepAttention:
         batch = plan.attention
         if plan.slot_mapping is not None or batch.page_tables is not None:
             raise InvalidRequest("a plan that uses the KV cache needs a PagedStore")
-        starts = [int(x) for x in batch.query_start.tolist()]
-        contexts = [int(x) for x in batch.context_lens.tolist()]
+        host = batch.on_host  # read where the values were made, not back from the device
+        if host.query_start.shape != batch.query_start.shape:
+            raise InvalidRequest("the batch's host copy is not shaped as the batch")
+        starts = [int(x) for x in host.query_start.tolist()]
+        contexts = [int(x) for x in host.context_lens.tolist()]
         if len(starts) != len(contexts) + 1 or starts[0] != 0:
             raise InvalidRequest(f"query_start must be [B+1] offsets from 0, got {starts}")
         for b, context in enumerate(contexts):

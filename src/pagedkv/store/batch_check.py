@@ -41,6 +41,10 @@ def check_paged_batch(
     ``contexts[b]``, which its page table must hold. ``slot_index`` turns a slot mapping into
     the store's index tensor (refusing a tensor of the wrong kind).
 
+    Every value is read from ``batch.on_host``: a batch the plan builders moved to a device
+    carries its host copy, and the checks read that, never the device's tensors (PST-051),
+    after checking that the copy has the batch's shapes (PST-053), which reads no value.
+
     Raises:
         InvalidRequest: no page tables (a cache-less batch); offsets not ``[B+1]`` from 0;
             a sequence with no rows, more rows than context, or more context than its page
@@ -48,9 +52,13 @@ def check_paged_batch(
     """
     if batch.page_tables is None:
         raise InvalidRequest("paged attention needs page tables; the batch has none (v0)")
-    starts = [int(x) for x in batch.query_start.tolist()]
-    contexts = [int(x) for x in batch.context_lens.tolist()]
-    tables = batch.page_tables
+    host = batch.on_host
+    check_host_copy(batch)
+    starts = [int(x) for x in host.query_start.tolist()]
+    contexts = [int(x) for x in host.context_lens.tolist()]
+    tables = host.page_tables
+    if tables is None:
+        raise InvalidRequest("the batch's host copy has no page tables")
     num_seqs = len(contexts)
     if len(starts) != num_seqs + 1 or starts[0] != 0:
         raise InvalidRequest(
@@ -68,10 +76,38 @@ def check_paged_batch(
                 f"<= page table capacity ({capacity})"
             )
     if batch.slot_mapping is not None:
-        slots = slot_index(batch.slot_mapping)
-        if slots.shape[0] != starts[-1]:
-            raise InvalidRequest(
-                f"slot_mapping has {slots.shape[0]} slots for {starts[-1]} query rows"
-            )
+        slot_index(batch.slot_mapping)  # refuses a tensor of the wrong kind; reads no value
+        slots = host.slot_mapping
+        if slots is None or slots.shape[0] != starts[-1]:
+            given = 0 if slots is None else slots.shape[0]
+            raise InvalidRequest(f"slot_mapping has {given} slots for {starts[-1]} query rows")
         check_range(slots, num_slots, "slots")
-    return starts, contexts, tables
+    return starts, contexts, batch.page_tables
+
+
+def check_host_copy(batch: AttentionBatch) -> None:
+    """Raise unless ``batch.host`` (when there is one) has ``batch``'s shapes, tensor by
+    tensor, and lies on the CPU (PST-053): reading shapes and devices reads no value.
+
+    Raises:
+        InvalidRequest: a host copy of other shapes, or not on the CPU.
+    """
+    host = batch.host
+    if host is None:
+        return
+    pairs = (
+        ("query_start", batch.query_start, host.query_start),
+        ("context_lens", batch.context_lens, host.context_lens),
+        ("page_tables", batch.page_tables, host.page_tables),
+        ("slot_mapping", batch.slot_mapping, host.slot_mapping),
+    )
+    for name, given, copy in pairs:
+        if (given is None) != (copy is None):
+            raise InvalidRequest(f"the batch's host copy has {name} where the batch has not")
+        if given is None or copy is None:
+            continue
+        if copy.device.type != "cpu" or copy.shape != given.shape:
+            raise InvalidRequest(
+                f"the host copy's {name} is {list(copy.shape)} on {copy.device}; the batch's "
+                f"is {list(given.shape)}"
+            )

@@ -82,7 +82,7 @@ def static_decode_for(
     return TritonStaticDecode(
         model,
         store,
-        max_batch=STATIC_MAX_BATCH,
+        max_batch=options.max_decode_batch or STATIC_MAX_BATCH,  # ENG-226
         max_width=min(model.config.max_positions, config.num_pages * config.page_size),
         cuda_graphs=options.cuda_graphs is True,
     )

@@ -11,9 +11,9 @@ up to its length. Like the reference store it decides no ownership: it writes at
 reads through the page tables it is given (PST-030).
 
 Each step, :meth:`TritonPagedStore.prepare` checks the batch as the reference store does
-(PST-003) and moves the step's offsets, lengths and page tables to the pools' device in one
-copy;
-``write`` and ``attention`` then read no value on the host (PST-016).
+(PST-003), reading only the host copy of the batch (PST-051), and moves the step's offsets,
+lengths and page tables to the pools' device in one non-blocking copy from pinned memory
+(PST-052); ``write`` and ``attention`` then read no value on the host (PST-016).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from pagedkv.accel.cuda.decode_kernel import paged_decode
 from pagedkv.accel.cuda.kernel_shapes import decode_splits
 from pagedkv.accel.cuda.prefill_kernel import paged_prefill
+from pagedkv.accel.cuda.staging import move_once
 from pagedkv.accel.cuda.store_kernel import runs_interpreted, store_kv
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
@@ -160,24 +161,30 @@ class TritonPagedStore:
         decode = [b for b in range(num_seqs) if q_lens[b] == 1]
         prefill = [b for b in range(num_seqs) if q_lens[b] > 1]
 
-        # Everything the kernels read, in one int32 buffer moved to the device in one copy.
+        # Everything the kernels read, in one int32 host buffer (pinned on CUDA) moved to the
+        # device in one non-blocking copy (PST-052); a buffer of its own each step, since the
+        # metadata is immutable. The tables come from the batch's host copy, so nothing is
+        # read back from the device (PST-051).
+        host_tables = batch.on_host.page_tables
+        if host_tables is None:  # check_paged_batch refused it already
+            raise InvalidRequest("paged attention needs page tables; the batch has none (v0)")
         columns = tables.shape[1]
-        lengths = (num_seqs + 1, num_seqs, len(decode), len(decode), len(prefill))
         small = starts + contexts + decode + [starts[b] for b in decode] + prefill
-        host = torch.cat(
+        lengths = [num_seqs + 1, num_seqs, len(decode), len(decode), len(prefill)]
+        packed = move_once(
             [
                 torch.tensor(small, dtype=torch.int32),
-                tables.to(device="cpu", dtype=torch.int32).flatten(),
-            ]
+                host_tables.to(dtype=torch.int32).flatten(),
+            ],
+            self._device,
         )
-        packed = host.to(self._device)
-        parts = torch.split(packed[: len(small)], list(lengths))
+        parts = torch.split(packed[0], lengths)
         return TritonAttentionMetadata(
             num_slots=self._store.num_slots,
             num_rows=starts[-1],
             query_start=parts[0],
             context_lens=parts[1],
-            page_tables=packed[len(small) :].view(num_seqs, columns),
+            page_tables=packed[1].view(num_seqs, columns),
             decode_seqs=parts[2],
             decode_rows=parts[3],
             prefill_seqs=parts[4],

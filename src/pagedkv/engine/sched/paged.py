@@ -125,7 +125,9 @@ class PagedScheduler(Scheduler):
 
     def build_plan(self, scheduled: SchedulerOutput, device: torch.device) -> StepPlan:
         chunks = [c.seq_chunk() for c in scheduled.chunks]
-        return build_paged_plan(chunks, self.kv.page_size, device, self._copies)
+        return build_paged_plan(
+            chunks, self.kv.page_size, device, self._copies, self.staging_for(device)
+        )
 
     def update_from_output(
         self, scheduled: SchedulerOutput, sampled: Sequence[SampledToken | SampleError | None]

@@ -43,7 +43,8 @@ class RecomputeScheduler(Scheduler):
         return self._narrowed(SchedulerOutput(tuple(chunks), ()))
 
     def build_plan(self, scheduled: SchedulerOutput, device: torch.device) -> StepPlan:
-        return build_recompute_plan([c.seq_chunk() for c in scheduled.chunks], device)
+        chunks = [c.seq_chunk() for c in scheduled.chunks]
+        return build_recompute_plan(chunks, device, self.staging_for(device))
 
     def _computed(self, chunk: ScheduledChunk) -> None:
         """Nothing is kept: the next step recomputes the sequence from position 0."""

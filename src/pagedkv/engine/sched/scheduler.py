@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
+from pagedkv.accel.cuda.staging import PlanStaging
 from pagedkv.engine.config import EngineConfig
 from pagedkv.engine.outputs import FinishReason
 from pagedkv.engine.request import Request, RequestStatus
@@ -61,6 +62,16 @@ class Scheduler(ABC):
         self._suspects: deque[tuple[Request, ...]] = deque()
         #: The suspect group the last scheduled step was cut down to, else ``None``.
         self._testing: tuple[Request, ...] | None = None
+        #: The buffers every plan is staged through to its device (ENG-224), made at the
+        #: first plan and kept: each plan is run and dropped before the next is built.
+        self._staging: PlanStaging | None = None
+
+    def staging_for(self, device: torch.device) -> PlanStaging:
+        """The persistent staging of this scheduler's plans for ``device`` (ENG-224): the
+        same one step after step, a new one only if the device changes."""
+        if self._staging is None or self._staging.device != torch.device(device):
+            self._staging = PlanStaging(device)
+        return self._staging
 
     def add(self, request: Request) -> None:
         """Queue a new request: last (``fcfs``), or behind every waiting request of lower or
