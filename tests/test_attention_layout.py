@@ -327,14 +327,15 @@ def test_a_context_exactly_at_the_fill_share_joins_the_longer_group() -> None:
 @pytest.mark.spec("PST-040")
 def test_every_tensor_of_the_layout_lies_on_the_given_device() -> None:
     """``meta`` stands in for an accelerator (a device other than the CPU): the rows, gather
-    indices and masks of decode groups, whole chunks and continuing chunks are all built on
-    the device the layout is planned for, none on the host."""
+    indices and masks of decode groups, whole chunks and continuing chunks all lie on the
+    device the layout is planned for, none on the host (the indices are built on the host and
+    moved in one copy, PST-054)."""
     meta = torch.device("meta")
     starts, contexts = [0, 1, 4, 7, 8, 12, 16, 17], [5, 3, 3, 4, 4, 9, 1]
     layout = plan_attention(
         starts,
         contexts,
-        lambda seqs, width: torch.zeros(len(seqs), width, dtype=torch.int64, device=meta),
+        lambda seqs, width: torch.zeros(len(seqs), width, dtype=torch.int64),
         meta,
     )
     kinds = {(g.q_len == 1, g.mask is None) for g in layout.groups}

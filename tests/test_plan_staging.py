@@ -405,3 +405,136 @@ def test_an_engines_plans_are_views_of_its_schedulers_staging(checkpoint: Path) 
         assert len(seen) >= 4
         assert {plan for plan, _ in seen} == {seen[0][1]}
         assert {buffer for _, buffer in seen} == {seen[0][1]}
+
+
+class MadeOnADevice:
+    """Counts tensors made from Python values straight on a device, ``torch.tensor(values,
+    device=...)``: a host-to-device copy each that no dispatch mode sees (the copy is made
+    below it). Installed on ``torch.tensor`` by :meth:`install`."""
+
+    def __init__(self) -> None:
+        self.copies = 0
+        self._tensor = torch.tensor
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> MadeOnADevice:
+        def tensor(*args: Any, **kwargs: Any) -> torch.Tensor:
+            device = kwargs.get("device")
+            if device is not None and torch.device(device).type != "cpu":
+                self.copies += 1
+            return self._tensor(*args, **kwargs)
+
+        monkeypatch.setattr(torch, "tensor", tensor)
+        return self
+
+
+@pytest.mark.spec("PST-054")
+def test_the_reference_store_moves_its_layout_in_one_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reference store's ``prepare`` of a plan on a device (decode, continuing chunk and
+    whole-prompt groups) copies host values to it once, and v0's layout once too; on a CPU
+    pool nothing is copied. Kills a group tensor (its rows, slots or lengths) built with a
+    ``torch.tensor(..., device=device)`` of its own, or moved with a ``.to(device)`` of its
+    own: a copy each."""
+    staging = PlanStaging("meta")
+    plan = build_paged_plan(CHUNKS, PAGE, "meta", (), staging)
+    made = MadeOnADevice().install(monkeypatch)
+    with HostToDeviceCopies() as mode:
+        metadata = _meta_store().prepare(plan.attention)
+    assert mode.copies + made.copies == 1
+    groups = metadata.layout.groups
+    assert len(groups) == 3
+    assert {g.kv_index.device.type for g in groups} == {"meta"}
+    assert {g.rows.device.type for g in groups} == {"meta"}
+    assert sum(g.mask is not None for g in groups) == 1  # the continuing chunk's tail
+    assert all(g.mask is None or g.mask.device.type == "meta" for g in groups)
+    v0 = build_recompute_plan([SeqChunk((1, 2, 3), 0), SeqChunk((4,), 0)], "meta", staging)
+    made.copies = 0
+    with HostToDeviceCopies() as mode:
+        RecomputeStepAttention.prepare(v0)
+    assert mode.copies + made.copies == 1
+    cpu_plan = build_paged_plan(CHUNKS, PAGE, "cpu", (), PlanStaging("cpu"))
+    made.copies = 0
+    with HostToDeviceCopies() as mode:
+        TorchPagedStore(StoreConfig(2, 2, 8, PAGE, NUM_PAGES)).prepare(cpu_plan.attention)
+    assert mode.copies + made.copies == 0
+
+
+@pytest.mark.spec("PST-054")
+def test_a_layout_moved_in_one_copy_equals_the_one_built_on_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every group's rows, slots and lengths, packed into one copy and cut back into views,
+    hold the values of the layout built on the host, and the masks made on the device have the
+    host's shapes (padding masks their values too). The copy itself is made on the CPU here
+    (the device is ``meta`` for the masks only). Kills views cut at the wrong offsets of the
+    copy, or a mask made from the wrong group's lengths."""
+    from pagedkv.store import one_copy, ragged_attention
+
+    def on_the_cpu(parts: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
+        return one_copy.move_once(parts, torch.device("cpu"))
+
+    tables = torch.tensor([[4, 9, 1], [2, 7, 0], [11, 0, 0], [3, 5, 0]])
+
+    def slots_of(seqs: list[int], width: int) -> torch.Tensor:
+        positions = torch.arange(width)
+        return tables[seqs][:, positions // PAGE] * PAGE + positions % PAGE
+
+    # Two decode groups (contexts 9 and 3, 2: apart), a continuing chunk, a whole prompt.
+    starts, contexts = [0, 5, 6, 8, 9], [8, 9, 2, 3]
+    host = ragged_attention.plan_attention(starts, contexts, slots_of, torch.device("cpu"))
+    monkeypatch.setattr(ragged_attention, "move_once", on_the_cpu)
+    moved = ragged_attention._moved(list(host.groups), torch.device("meta"))
+    assert len(moved) == len(host.groups) >= 3
+    for want, got in zip(host.groups, moved, strict=True):
+        assert torch.equal(got.rows, want.rows)
+        assert torch.equal(got.kv_index, want.kv_index)
+        assert (got.context_lens is None) == (want.context_lens is None)
+        if got.context_lens is not None and want.context_lens is not None:
+            assert torch.equal(got.context_lens, want.context_lens)
+        assert (got.mask is None) == (want.mask is None)
+        if got.mask is not None and want.mask is not None:
+            assert got.mask.shape == want.mask.shape
+            if got.mask.device.type == "cpu":
+                assert torch.equal(got.mask, want.mask)
+
+
+@pytest.mark.spec("PST-055")
+def test_copy_pages_from_the_plans_host_copy_reads_nothing_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fork step's page copies carry their host copy; ``copy_pages`` given it reads no
+    value back from the device and moves the slots to copy once. Kills a plan without the host
+    copy (the device's copies, read back by ``aminmax``/``tolist``), and a ``copy_pages``
+    moving source and target slots in two copies."""
+    plan = build_paged_plan(CHUNKS, PAGE, "meta", [PageCopy(1, 2), PageCopy(3, 5)])
+    host = plan.page_copies_host
+    assert host is not None
+    assert host.device.type == "cpu"
+    assert host.tolist() == [[1, 3], [2, 5]]
+    assert plan.page_copies_on_host is host
+    store = _meta_store()
+    made = MadeOnADevice().install(monkeypatch)
+    with DeviceReads() as reads, HostToDeviceCopies() as copies:
+        store.copy_pages(host[0], host[1])
+    assert reads.reads == []
+    assert copies.copies + made.copies == 1
+    cpu = build_paged_plan(CHUNKS, PAGE, "cpu", [PageCopy(1, 2)])
+    assert cpu.page_copies_host is None
+    assert cpu.page_copies_on_host is cpu.page_copies
+
+
+@pytest.mark.spec("PST-055")
+def test_copy_pages_still_refuses_bad_pages_from_the_host_copy() -> None:
+    """Pages past the pool, a target named twice or also a source are refused from host
+    tensors, on a device that holds no values. Kills checks skipped for host tensors."""
+    store = _meta_store()
+    for src, dst, match in (
+        ([1], [NUM_PAGES], "outside"),
+        ([-1], [2], "outside"),
+        ([1, 3], [2, 2], "repeat or overlap"),
+        ([1, 3], [3, 4], "repeat or overlap"),
+        ([1, 3], [2], "source pages for"),
+    ):
+        with pytest.raises(InvalidRequest, match=match):
+            store.copy_pages(torch.tensor(src), torch.tensor(dst))

@@ -1,6 +1,6 @@
 """A step's plan staged to a CUDA device: pinned, copied without blocking, and prepared by the
-Triton store without one synchronising call (ENG-227). Needs a GPU: the CPU tests of the same
-path are tests/test_plan_staging.py."""
+Triton and reference stores, its page copies made, without one synchronising call (ENG-227).
+Needs a GPU: the CPU tests of the same path are tests/test_plan_staging.py."""
 
 from __future__ import annotations
 
@@ -88,3 +88,30 @@ def test_cuda_triton_prepare_does_not_synchronise() -> None:
     assert metadata.page_tables.device.type == "cuda"
     assert metadata.page_tables.cpu().tolist() == [[4, 9, 1], [2, 7, 0], [11, 0, 0]]
     assert metadata.context_lens.cpu().tolist() == [47, 31, 2]
+
+
+@needs_cuda
+@pytest.mark.spec("ENG-227")
+@pytest.mark.spec("PST-054")
+@pytest.mark.spec("PST-055")
+def test_cuda_reference_prepare_and_copy_pages_do_not_synchronise() -> None:
+    """The reference store's ``prepare`` of a staged plan, and a fork step's ``copy_pages``
+    from the plan's host copy, make no synchronising call, and the copy is made. Kills a group
+    tensor moved from pageable memory by ``torch.tensor(..., device=...)``, and an
+    ``aminmax``/``tolist`` of the device's page copies."""
+    store = TorchPagedStore(StoreConfig(2, 2, 64, PAGE, 32, dtype="bfloat16", device="cuda"))
+    staging = PlanStaging("cuda")
+    copies = [PageCopy(5, 6)]
+    warm = build_paged_plan(CHUNKS, PAGE, "cuda", copies, staging)  # lazy CUDA initialisation
+    store.prepare(warm.attention)
+    store.key_pool(0)[5] = 1.0
+    torch.cuda.synchronize()
+    with sync_errors():
+        plan = build_paged_plan(CHUNKS, PAGE, "cuda", copies, staging)
+        metadata = store.prepare(plan.attention)
+        host = plan.page_copies_on_host
+        assert host is not None
+        store.copy_pages(host[0], host[1])
+    assert host.device.type == "cpu"
+    assert {g.kv_index.device.type for g in metadata.layout.groups} == {"cuda"}
+    assert bool((store.key_pool(0)[6] == 1.0).all())

@@ -418,7 +418,9 @@ class PagedStore(Protocol):
 
         ``src`` and ``dst`` are 1-D integer tensors of equal length; the ``dst`` pages are
         distinct and none is a ``src`` page. This is how a fork's partial page becomes the new
-        sequence's own (KVM-037): the KVManager names the copy, the store makes it."""
+        sequence's own (KVM-037): the KVManager names the copy, the store makes it. They may
+        lie on the host (the plan's host copy, which the runner gives, PST-055) or on the
+        store's device."""
         ...
 
     def prepare(self, batch: AttentionBatch) -> AttentionMetadata:

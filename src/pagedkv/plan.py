@@ -67,6 +67,10 @@ class StepPlan:
         page_copies: ``[2, C]`` int64 pages to copy before the step writes anything: row 0
             the sources, row 1 the targets (the partial pages of forked sequences, KVM-037);
             ``None`` when there is nothing to copy.
+        page_copies_host: the same ``[2, C]`` pages on the host, as the plan builders made
+            them before moving them to the device (PST-055), so that a store checks them and
+            reads nothing back; ``None`` when ``page_copies`` themselves are to be read (a plan
+            built on the CPU, or by hand) or there is nothing to copy.
     """
 
     input_ids: torch.Tensor
@@ -74,6 +78,13 @@ class StepPlan:
     attention: AttentionBatch
     logits_indices: torch.Tensor
     page_copies: torch.Tensor | None = None
+    page_copies_host: torch.Tensor | None = None
+
+    @property
+    def page_copies_on_host(self) -> torch.Tensor | None:
+        """The page copies whose values a store reads: :attr:`page_copies_host` where there is
+        one, else :attr:`page_copies` themselves."""
+        return self.page_copies if self.page_copies_host is None else self.page_copies_host
 
     @property
     def slot_mapping(self) -> torch.Tensor | None:

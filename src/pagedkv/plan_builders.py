@@ -141,12 +141,14 @@ def _plan(
     same = staged.host is staged.device
     parts = staged.device
     copies = None if pairs is None else parts[7].view(2, -1)
+    copies_host = None if pairs is None or same else staged.host[7].view(2, -1)
     return StepPlan(
         input_ids=parts[0],
         positions=parts[1],
         attention=batch(parts, None if same else batch(staged.host, None)),
         logits_indices=parts[4],
         page_copies=copies,
+        page_copies_host=copies_host,
     )
 
 

@@ -206,10 +206,11 @@ class ModelRunner:
         """
         with torch.inference_mode():
             attention = self._prepare(plan)
-            if plan.page_copies is not None:
+            copies = plan.page_copies_on_host  # checked on the host: nothing read back
+            if copies is not None:
                 if self._store is None:
                     raise InvalidRequest("a cache-less runner has no pages to copy")
-                self._store.copy_pages(plan.page_copies[0], plan.page_copies[1])
+                self._store.copy_pages(copies[0], copies[1])
             if (
                 self._static is not None
                 and isinstance(attention, PagedStepAttention)

@@ -111,14 +111,14 @@ class RecomputeStepAttention:
                     f"sequence {b}: a cache-less plan computes its whole context of {context} "
                     f"positions, it has {starts[b + 1] - starts[b]} rows"
                 )
-        device = plan.input_ids.device
-        offsets = torch.tensor(starts[:-1], dtype=torch.int64, device=device)
+        offsets = torch.tensor(starts[:-1], dtype=torch.int64)
 
         def rows_of(seqs: list[int], width: int) -> torch.Tensor:
-            first = offsets.index_select(0, torch.tensor(seqs, dtype=torch.int64, device=device))
-            return first[:, None] + torch.arange(width, device=device)[None, :]
+            # On the host: plan_attention moves the whole layout in one copy (PST-054).
+            first = offsets.index_select(0, torch.tensor(seqs, dtype=torch.int64))
+            return first[:, None] + torch.arange(width)[None, :]
 
-        return cls(plan_attention(starts, contexts, rows_of, device))
+        return cls(plan_attention(starts, contexts, rows_of, plan.input_ids.device))
 
     def __call__(
         self,

@@ -28,6 +28,7 @@ from pagedkv.store.batch_check import check_paged_batch, check_range
 from pagedkv.store.decode_attention import DecodeKernel
 from pagedkv.store.gather import gather_rows
 from pagedkv.store.native_decode import NativeDecode
+from pagedkv.store.one_copy import move_once
 from pagedkv.store.ragged_attention import (
     DECODE_FILL,
     HALF_DTYPES,
@@ -236,18 +237,24 @@ class TorchPagedStore:
         """Make page ``dst[i]`` hold, in every layer, the K and V page ``src[i]`` held before
         the call (PST-006): a fork's partial page becoming the new sequence's own.
 
-        Checks its arguments, so it synchronises with the device once; a step calls it at
-        most once, before its first write.
+        Checks its arguments where they lie. Given host tensors (the plan's host copy,
+        :attr:`~pagedkv.plan.StepPlan.page_copies_on_host`, as the runner gives them), it
+        reads nothing back from the device and moves the slots to copy in one copy, non-blocking
+        on CUDA (PST-055); given device tensors, the checks synchronise with the device once.
 
         Raises:
             InvalidRequest: ``src`` and ``dst`` not 1-D integer tensors of equal length, a page
                 outside the pool, a ``dst`` page named twice or also a ``src`` page.
         """
-        source, target = self._slot_index(src), self._slot_index(dst)
-        if source.shape != target.shape:
-            raise InvalidRequest(f"{source.shape[0]} source pages for {target.shape[0]} targets")
-        if not source.numel():
+        for given in (src, dst):
+            _check_index_kind(given)
+        if src.shape != dst.shape:
+            raise InvalidRequest(f"{src.shape[0]} source pages for {dst.shape[0]} targets")
+        if not src.numel():
             return
+        on_host = src.device.type == "cpu" and dst.device.type == "cpu"
+        source = src.to(torch.int64) if on_host else self._slot_index(src)
+        target = dst.to(torch.int64) if on_host else self._slot_index(dst)
         pages = self._config.num_pages
         check_range(source, pages, "source pages")
         check_range(target, pages, "target pages")
@@ -255,11 +262,13 @@ class TorchPagedStore:
         if len(set(names)) != len(names) or set(names) & set(source.tolist()):
             raise InvalidRequest(f"target pages {names} repeat or overlap the source pages")
         page_size = self._config.page_size
-        offsets = torch.arange(page_size, device=self._device)
+        offsets = torch.arange(page_size, device=source.device)
         to_slots = (target[:, None] * page_size + offsets).flatten()
         from_slots = (source[:, None] * page_size + offsets).flatten()
+        if on_host and self._device.type != "cpu":
+            to_slots, from_slots = move_once([to_slots, from_slots], self._device)
         for pool in self._pools:
-            pool[to_slots] = pool[from_slots]
+            pool.index_copy_(0, to_slots, pool.index_select(0, from_slots))
 
     # -- attention ---------------------------------------------------------------------------
 
@@ -275,20 +284,26 @@ class TorchPagedStore:
                 a sequence with no rows, more rows than context, or more context than its page
                 table holds; a page, or a slot of ``batch.slot_mapping``, outside the pool.
         """
-        starts, contexts, given = check_paged_batch(
+        starts, contexts, _ = check_paged_batch(
             batch, self._config, self._num_slots, self._slot_index
         )
-        device = self._device
         page_size = self._config.page_size
-        tables = given.to(device=device, dtype=torch.int64)
+        host_tables = batch.on_host.page_tables
+        if host_tables is None:  # check_paged_batch refused it already
+            raise InvalidRequest("paged attention needs page tables; the batch has none (v0)")
+        # Every group's slots are made from the host copy of the tables and reach the device
+        # in one copy (PST-054), never a copy per tensor from pageable memory.
+        tables = host_tables.to(dtype=torch.int64)
 
         def slots_of(seqs: list[int], width: int) -> torch.Tensor:
-            positions = torch.arange(width, device=device)
-            ids = torch.tensor(seqs, dtype=torch.int64, device=device)
+            positions = torch.arange(width)
+            ids = torch.tensor(seqs, dtype=torch.int64)
             pages = tables.index_select(0, ids)[:, positions // page_size]
             return pages * page_size + positions % page_size
 
-        layout = plan_attention(starts, contexts, slots_of, device, decode_fill=self._decode_fill)
+        layout = plan_attention(
+            starts, contexts, slots_of, self._device, decode_fill=self._decode_fill
+        )
         return PagedAttentionMetadata(num_slots=self._num_slots, layout=layout)
 
     def attention(
@@ -357,8 +372,17 @@ class TorchPagedStore:
 
     def _slot_index(self, slots: torch.Tensor) -> torch.Tensor:
         """``slots`` as an int64 index on the pool's device; its values are not checked."""
-        if slots.dim() != 1 or slots.dtype.is_floating_point or slots.dtype == torch.bool:
-            raise InvalidRequest(
-                f"slots must be a 1-D integer tensor, got {slots.dtype} {list(slots.shape)}"
-            )
+        _check_index_kind(slots)
         return slots.to(device=self._device, dtype=torch.int64)
+
+
+def _check_index_kind(slots: torch.Tensor) -> None:
+    """Raise unless ``slots`` is a 1-D integer tensor: its kind, never its values.
+
+    Raises:
+        InvalidRequest: another dtype or shape.
+    """
+    if slots.dim() != 1 or slots.dtype.is_floating_point or slots.dtype == torch.bool:
+        raise InvalidRequest(
+            f"slots must be a 1-D integer tensor, got {slots.dtype} {list(slots.shape)}"
+        )

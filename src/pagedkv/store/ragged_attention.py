@@ -4,8 +4,8 @@ A step's sequences own consecutive query rows; sequence ``b`` has ``q_len`` rows
 its ``context_len`` positions, so its row ``j`` sees positions ``0..context_len - q_len + j``.
 Its keys and values sit anywhere in a flat K/V tensor (a page pool, or the step's own rows)
 at indices the caller gives. :func:`plan_attention` turns that into an
-:class:`AttentionLayout`, host work and all, once per step; :func:`ragged_attention` runs the
-layout for one layer with no host synchronisation.
+:class:`AttentionLayout`, host work and all, once per step, and moves it to the device in one
+copy; :func:`ragged_attention` runs the layout for one layer with no host synchronisation.
 
 The layout batches what shapes allow: sequences with one query row (decoding) are sorted by
 context length and cut into runs whose shortest context is at least :data:`DECODE_FILL` of the
@@ -23,6 +23,7 @@ This module imports torch; :mod:`pagedkv.kv` does not import it (KVM-040).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from pagedkv.store.decode_attention import DecodeKernel
 from pagedkv.store.gather import gather_rows
+from pagedkv.store.one_copy import move_once
 
 #: Most query rows of one batched prefill call: equal-shape chunks are grouped up to this many
 #: rows (a chunk longer than it runs alone). Measured on CPU: short chunks gain up to 2x from
@@ -46,7 +48,8 @@ DECODE_FILL = 0.7
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 #: ``kv_index(seq_ids, width)``: ``[len(seq_ids), width]`` int64 flat K/V index of positions
-#: ``0..width-1`` of each sequence (indices past a sequence's context are never read unmasked).
+#: ``0..width-1`` of each sequence (indices past a sequence's context are never read unmasked),
+#: on the host: :func:`plan_attention` moves every group's indices to the device at once.
 KVIndex = Callable[[list[int], int], torch.Tensor]
 
 
@@ -107,13 +110,18 @@ def plan_attention(
     attends over ``contexts[b]`` positions; decoding sequences share calls whose gathers are at
     least ``decode_fill`` real (0: one call for all), equal-shape prefill chunks share calls of
     at most ``group_rows`` rows (1: a call per chunk). Preconditions (checked by the caller):
-    ``1 <= q_len <= context_len`` for every sequence."""
+    ``1 <= q_len <= context_len`` for every sequence; ``kv_index`` returns host tensors.
+
+    Every group's index tensors are built on the host and reach ``device`` in ONE copy
+    (PST-054): pinned and non-blocking on CUDA, where a copy per tensor from pageable memory
+    would synchronise with the device each time; on the CPU nothing moves at all. The masks
+    are made on the device from the moved lengths (a few positions each, never copied)."""
     num_seqs = len(contexts)
     q_lens = [starts[b + 1] - starts[b] for b in range(num_seqs)]
     groups: list[AttentionGroup] = []
     decode = [b for b in range(num_seqs) if q_lens[b] == 1]
     for seqs in _by_length(decode, contexts, decode_fill):
-        groups.append(_decode_group(seqs, starts, contexts, kv_index, device))
+        groups.append(_decode_group(seqs, starts, contexts, kv_index))
     by_shape: dict[tuple[int, int], list[int]] = {}
     for b in range(num_seqs):
         if q_lens[b] > 1:
@@ -121,10 +129,35 @@ def plan_attention(
     for (q_len, context), seqs in by_shape.items():
         per_call = max(1, group_rows // q_len)
         for i in range(0, len(seqs), per_call):
-            groups.append(
-                _chunk_group(seqs[i : i + per_call], q_len, context, starts, kv_index, device)
-            )
-    return AttentionLayout(num_rows=starts[-1], groups=tuple(groups))
+            groups.append(_chunk_group(seqs[i : i + per_call], q_len, context, starts, kv_index))
+    return AttentionLayout(num_rows=starts[-1], groups=_moved(groups, device))
+
+
+def _moved(groups: list[AttentionGroup], device: torch.device) -> tuple[AttentionGroup, ...]:
+    """``groups`` (built on the host) on ``device``: their rows, indices and lengths in one
+    copy, their masks made there; the groups themselves on the CPU."""
+    if device.type == "cpu" or not groups:
+        return tuple(groups)
+    parts: list[torch.Tensor] = []
+    for group in groups:
+        parts += [group.rows, group.kv_index.reshape(-1)]
+        if group.context_lens is not None:
+            parts.append(group.context_lens)
+    moved = iter(move_once(parts, device))
+    out = []
+    for group in groups:
+        rows, index = next(moved), next(moved).view(group.kv_index.shape)
+        lengths = None if group.context_lens is None else next(moved)
+        mask = None
+        if group.mask is not None:
+            if lengths is not None:
+                mask = _padding_mask(lengths, group.width)
+            else:
+                mask = _causal_tail(group.q_len, group.width, device)
+        out.append(
+            dataclasses.replace(group, rows=rows, kv_index=index, mask=mask, context_lens=lengths)
+        )
+    return tuple(out)
 
 
 def _by_length(seqs: list[int], contexts: Sequence[int], fill: float) -> list[list[int]]:
@@ -141,14 +174,29 @@ def _by_length(seqs: list[int], contexts: Sequence[int], fill: float) -> list[li
 
 
 def _rows(
-    seqs: list[int], q_len: int, starts: Sequence[int], device: torch.device
+    seqs: list[int], q_len: int, starts: Sequence[int]
 ) -> tuple[torch.Tensor, tuple[int, int] | None]:
+    """The host rows of ``seqs``' chunks of ``q_len`` rows, and their span when contiguous."""
     first = starts[seqs[0]]
     contiguous = all(starts[b] == first + i * q_len for i, b in enumerate(seqs))
     span = (first, first + len(seqs) * q_len) if contiguous else None
-    offsets = torch.tensor([starts[b] for b in seqs], dtype=torch.int64, device=device)
-    rows = (offsets[:, None] + torch.arange(q_len, device=device)[None, :]).reshape(-1)
+    offsets = torch.tensor([starts[b] for b in seqs], dtype=torch.int64)
+    rows = (offsets[:, None] + torch.arange(q_len)[None, :]).reshape(-1)
     return rows, span
+
+
+def _padding_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """``[n, 1, 1, width]``: position ``p`` of sequence ``i`` attends when ``p < lengths[i]``;
+    made where ``lengths`` lie."""
+    valid = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+    return valid[:, None, None, :]
+
+
+def _causal_tail(q_len: int, context: int, device: torch.device) -> torch.Tensor:
+    """``[q_len, context]`` bottom-right causal mask: row ``j`` sees ``0..context-q_len+j``."""
+    positions = torch.arange(context, device=device)
+    last_seen = torch.arange(context - q_len, context, device=device)
+    return positions[None, :] <= last_seen[:, None]
 
 
 def _decode_group(
@@ -156,19 +204,17 @@ def _decode_group(
     starts: Sequence[int],
     contexts: Sequence[int],
     kv_index: KVIndex,
-    device: torch.device,
 ) -> AttentionGroup:
     width = max(contexts[b] for b in seqs)
-    rows, span = _rows(seqs, 1, starts, device)
+    rows, span = _rows(seqs, 1, starts)
     index = kv_index(seqs, width)
     mask = None  # every context is the width: nothing is padded (and SDPA runs unmasked)
-    ctx = torch.tensor([contexts[b] for b in seqs], dtype=torch.int64, device=device)
+    ctx = torch.tensor([contexts[b] for b in seqs], dtype=torch.int64)
     if any(contexts[b] < width for b in seqs):
-        valid = torch.arange(width, device=device)[None, :] < ctx[:, None]
+        mask = _padding_mask(ctx, width)
         # Padding re-reads the sequence's own position 0 (always written, so finite) rather
         # than whatever the padded index holds; the mask zeroes its weight (PST-013).
-        index = torch.where(valid, index, index[:, :1])
-        mask = valid[:, None, None, :]
+        index = torch.where(mask[:, 0, 0, :], index, index[:, :1])
     return AttentionGroup(
         num_seqs=len(seqs),
         q_len=1,
@@ -188,14 +234,11 @@ def _chunk_group(
     context: int,
     starts: Sequence[int],
     kv_index: KVIndex,
-    device: torch.device,
 ) -> AttentionGroup:
-    rows, span = _rows(seqs, q_len, starts, device)
+    rows, span = _rows(seqs, q_len, starts)
     mask = None
     if q_len < context:  # a continuing chunk: bottom-right causal, shared by the group
-        positions = torch.arange(context, device=device)
-        last_seen = torch.arange(context - q_len, context, device=device)
-        mask = positions[None, :] <= last_seen[:, None]
+        mask = _causal_tail(q_len, context, torch.device("cpu"))
     return AttentionGroup(
         num_seqs=len(seqs),
         q_len=q_len,

@@ -6,8 +6,9 @@ a synchronous copy of its own. :class:`PlanStaging` instead keeps two buffers fo
 a scheduler: one on the host, page-locked (pinned) when the device is CUDA, and
 one on the device. Each step writes its tensors into the host buffer back to back and moves
 them with ONE copy, non-blocking from pinned memory, into the device buffer; the step's
-tensors are views of the two buffers (ENG-224). :func:`move_once` is the same single copy into
-a buffer of its own, for tensors that outlive the step (the Triton store's metadata, PST-052).
+tensors are views of the two buffers (ENG-224). :func:`~pagedkv.store.one_copy.move_once` is
+the same single copy into a buffer of its own, for tensors that outlive the step (the Triton
+store's metadata, PST-052; the reference store's layouts, PST-054).
 
 The buffers grow geometrically (to at least twice their size) when a step needs more, and are
 never shrunk, so a steady load allocates nothing per step. On the CPU (and on any device that
@@ -29,6 +30,7 @@ import torch
 
 from pagedkv.errors import InvalidRequest
 from pagedkv.plan_builders import Staged
+from pagedkv.store.one_copy import split_views
 
 #: Elements a new staging holds before it first grows.
 INITIAL_CAPACITY = 1024
@@ -112,7 +114,7 @@ class PlanStaging:
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(torch.cuda.current_stream(self.device))
             self._copied = event
-        return Staged(_split(host, lengths), _split(device, lengths))
+        return Staged(split_views(host, lengths), split_views(device, lengths))
 
     def _reserve(self, total: int) -> None:
         """Grow both buffers to at least ``total`` elements, at least doubling; never shrink."""
@@ -128,31 +130,3 @@ class PlanStaging:
 
     def _host_buffer(self, capacity: int) -> torch.Tensor:
         return torch.empty(capacity, dtype=self.dtype, pin_memory=self.pinned)
-
-
-def move_once(parts: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``parts`` (1-D host tensors of one integer dtype) on ``device`` in one copy, each a view
-    of a buffer of their own (PST-052): for tensors that must outlive the step that made them,
-    which :class:`PlanStaging`'s reused buffers do not. On CUDA the host buffer is pinned and
-    the copy non-blocking (the caching host allocator keeps the buffer until the copy is done);
-    on the CPU the parts are concatenated and nothing moves.
-
-    Raises:
-        InvalidRequest: a part that is not a 1-D host tensor.
-    """
-    for part in parts:
-        if part.dim() != 1 or part.device.type != "cpu":
-            raise InvalidRequest(
-                f"a staged part is a 1-D host tensor, got {list(part.shape)} on {part.device}"
-            )
-    lengths = [int(p.shape[0]) for p in parts]
-    pinned = device.type == "cuda"
-    host = torch.empty(sum(lengths), dtype=parts[0].dtype, pin_memory=pinned)
-    torch.cat(list(parts), out=host)
-    moved = host.to(device, non_blocking=pinned)
-    return _split(moved, lengths)
-
-
-def _split(buffer: torch.Tensor, lengths: list[int]) -> tuple[torch.Tensor, ...]:
-    """``buffer`` cut into consecutive views of ``lengths`` (which sum to its length)."""
-    return tuple(torch.split(buffer, lengths)) if lengths else ()

@@ -25,11 +25,11 @@ import torch
 from pagedkv.accel.cuda.decode_kernel import paged_decode
 from pagedkv.accel.cuda.kernel_shapes import decode_splits
 from pagedkv.accel.cuda.prefill_kernel import paged_prefill
-from pagedkv.accel.cuda.staging import move_once
 from pagedkv.accel.cuda.store_kernel import runs_interpreted, store_kv
 from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import AttentionBatch, AttentionMetadata, StoreConfig
 from pagedkv.store.batch_check import check_paged_batch
+from pagedkv.store.one_copy import move_once
 from pagedkv.store.paged_store import TorchPagedStore
 
 
