@@ -112,12 +112,23 @@ class AscendingPages(_Wrapper):
     def batch_read(self, batch: AttentionBatch) -> AttentionBatch:
         if batch.page_tables is None:
             return batch  # the reference refuses it
-        tables = batch.page_tables.clone()
+        contexts = batch.on_host.context_lens.tolist()
+        # The host copy too (PST-051): the store reads its pages from there.
+        host = batch.host
+        if host is not None and host.page_tables is not None:
+            host = dataclasses.replace(host, page_tables=self._sorted(host.page_tables, contexts))
+        return dataclasses.replace(
+            batch, page_tables=self._sorted(batch.page_tables, contexts), host=host
+        )
+
+    def _sorted(self, page_tables: torch.Tensor, contexts: list[int]) -> torch.Tensor:
+        """``page_tables`` with each sequence's used pages in ascending order."""
+        tables = page_tables.clone()
         page_size = self.config.page_size
-        for b, ctx in enumerate(batch.context_lens.tolist()):
+        for b, ctx in enumerate(contexts):
             used = -(-ctx // page_size)
             tables[b, :used] = torch.sort(tables[b, :used]).values
-        return dataclasses.replace(batch, page_tables=tables)
+        return tables
 
 
 class MaskOnlyBySoftmax(_OwnAttention):
