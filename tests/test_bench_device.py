@@ -8,6 +8,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -243,3 +244,25 @@ def test_the_triton_variant_is_timed_on_cuda_alone(monkeypatch: pytest.MonkeyPat
     assert device_rows.runner_variants("cpu") == {"pagedkv": RunnerOptions()}
     monkeypatch.setattr(device_rows.importlib.util, "find_spec", lambda name: None)
     assert device_rows.runner_variants("cuda") == {"pagedkv": RunnerOptions()}
+
+
+@pytest.mark.spec("ENG-231")
+def test_a_full_cpu_run_measures_the_device_workload_only_when_named(tmp_path: Path) -> None:
+    """Without ``--only``: a full CPU run measures every workload but ``device`` (the
+    project's table, with its peers, too); ``--device cuda`` keeps it; ``--quick`` keeps its
+    own. Kills a full CPU run that starts the GPU-sized workload unasked (nano-vllm's 256
+    sequences on a CPU: hours)."""
+    from pagedkv.bench.suite import default_selection
+    from pagedkv.bench.workloads import PAGEDKV_WORKLOADS
+    from pagedkv_bench.workloads import PROJECT_WORKLOADS
+
+    def context(**kwargs: Any) -> BenchContext:
+        return BenchContext(threads=1, cache_dir=tmp_path, verbose=False, **kwargs)
+
+    for table in (PAGEDKV_WORKLOADS, PROJECT_WORKLOADS):
+        on_cpu = default_selection(table, context(quick=False))
+        assert "device" not in on_cpu
+        assert set(on_cpu) == set(table.names) - {"device"}
+        assert "device" in default_selection(table, context(quick=False, device="cuda"))
+        assert default_selection(table, context(quick=True)) == table.quick_names
+    assert "peers" in default_selection(PROJECT_WORKLOADS, context(quick=False))

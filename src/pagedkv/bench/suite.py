@@ -52,7 +52,7 @@ def run_suite(args: argparse.Namespace, table: WorkloadTable) -> SuiteRun:
         ctx.deadline = ctx.started + args.budget_s
     quiet_transformers()
     torch.set_num_threads(ctx.threads)
-    selected = args.only or (table.quick_names if ctx.quick else table.names)
+    selected = args.only or default_selection(table, ctx)
     if ctx.device != "cpu":
         selected = [w for w in selected if w in table.cuda_names]
     machine = machine_info(ctx.threads)
@@ -73,6 +73,15 @@ def run_suite(args: argparse.Namespace, table: WorkloadTable) -> SuiteRun:
     )
     _write(ctx, document, args.out, plots_wanted=not (ctx.quick or args.no_plots))
     return SuiteRun(document, failed=any("workload" in r.errors for r in results))
+
+
+def default_selection(table: WorkloadTable, ctx: BenchContext) -> tuple[str, ...]:
+    """The workloads a run without ``--only`` measures: ``--quick``'s, else on the CPU every
+    workload but those sized for a GPU (ENG-231), else every workload (which the caller
+    narrows to those of ``--device cuda``)."""
+    if ctx.quick:
+        return table.quick_names
+    return table.cpu_names if ctx.device == "cpu" else table.names
 
 
 def _run_one(

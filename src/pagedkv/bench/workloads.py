@@ -36,12 +36,15 @@ class Workload:
         load: imports the workload's module and returns its runner; called only to run it.
         quick: part of ``--quick`` (the CI gate's run): no 0.6B-shaped checkpoint.
         cuda: run by ``--device cuda``: a workload of the 0.6B-shaped checkpoint.
+        cpu: run by a full CPU run without ``--only`` (ENG-231); off for a workload sized for
+            a GPU, which a CPU run measures only when it is named.
     """
 
     name: str
     load: Callable[[], Runner]
     quick: bool = False
     cuda: bool = False
+    cpu: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,11 @@ class WorkloadTable:
     def quick_names(self) -> tuple[str, ...]:
         """The workloads of ``--quick``, in run order."""
         return tuple(w.name for w in self.workloads if w.quick)
+
+    @property
+    def cpu_names(self) -> tuple[str, ...]:
+        """The workloads of a full run on the CPU, in run order (ENG-231)."""
+        return tuple(w.name for w in self.workloads if w.cpu)
 
     @property
     def cuda_names(self) -> tuple[str, ...]:
@@ -188,7 +196,9 @@ PAGEDKV_WORKLOADS = WorkloadTable(
         Workload("mixed", _mixed, quick=True),
         Workload("scaling", _scaling),
         Workload("decode", _decode, cuda=True),
-        Workload("device", _device, cuda=True),
+        # Sized for a GPU (nano-vllm's 256 sequences of up to 1,024 tokens each): on the CPU,
+        # only when named (ENG-231).
+        Workload("device", _device, cuda=True, cpu=False),
         Workload("detokenize", _detokenize),
         Workload("structured", _structured),
         Workload("parallel", _parallel),
