@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+from op_watch import OpWatch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagedkv.backend import reference_backend
 from pagedkv.engine import sampler
@@ -65,27 +65,19 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class MadeOn(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class MadeOn(OpWatch):
     """Records the device of every tensor every op makes or reads."""
 
     def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
+        super().__init__()
         self.devices: list[tuple[str, torch.device]] = []
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Sequence[type],
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        flat = [*args, *(kwargs or {}).values()]
+    def after(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
+        flat = [*args, *kwargs.values()]
         flat += list(out) if isinstance(out, tuple | list) else [out]
         for value in flat:
             if isinstance(value, torch.Tensor):
                 self.devices.append((str(func), value.device))
-        return out
 
 
 @pytest.fixture

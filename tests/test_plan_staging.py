@@ -4,7 +4,7 @@ test needs a device that holds no values (any read of one fails, and is counted)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_watch import OpWatch, tensors_of
 
 from pagedkv.accel.cuda.staging import PlanStaging
 from pagedkv.accel.static_decode import capture_sizes
@@ -36,7 +36,7 @@ def _host(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-class DeviceReads(TorchDispatchMode):
+class DeviceReads(OpWatch):
     """Counts the ops that bring a value of a tensor off the host back to it: a scalar read
     (``item``, ``int()``, a comparison in Python) or a copy to the CPU (``tolist``, ``cpu()``,
     ``.to("cpu")``). Each is counted before it runs, so a read that fails (on ``meta``) counts
@@ -46,16 +46,9 @@ class DeviceReads(TorchDispatchMode):
         super().__init__()
         self.reads: list[str] = []
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
+    def before(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         name = str(func.overloadpacket.__name__)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        tensors = tensors_of(args)
         if name == "_local_scalar_dense" and tensors and not _host(tensors[0]):
             self.reads.append(name)
         elif name == "_to_copy" and tensors and not _host(tensors[0]):
@@ -64,33 +57,24 @@ class DeviceReads(TorchDispatchMode):
                 self.reads.append(name)
         elif name == "copy_" and len(tensors) >= 2 and _host(tensors[0]) and not _host(tensors[1]):
             self.reads.append(name)
-        return func(*args, **kwargs)
 
 
-class HostToDeviceCopies(TorchDispatchMode):
+class HostToDeviceCopies(OpWatch):
     """Counts copies of host tensors to another device."""
 
     def __init__(self) -> None:
         super().__init__()
         self.copies = 0
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
+    def before(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         name = str(func.overloadpacket.__name__)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        tensors = tensors_of(args)
         if name == "_to_copy" and tensors and _host(tensors[0]):
             target = kwargs.get("device")
             if target is not None and torch.device(target).type != "cpu":
                 self.copies += 1
         elif name == "copy_" and len(tensors) >= 2 and not _host(tensors[0]) and _host(tensors[1]):
             self.copies += 1
-        return func(*args, **kwargs)
 
 
 @st.composite
