@@ -16,9 +16,10 @@ import pytest
 import torch
 from test_runner_options import generate, paged_runner
 
-from pagedkv.accel.cuda import fused_choice
+from pagedkv.accel.cuda import fused_choice, fused_modules
 from pagedkv.accel.cuda.fused_choice import fused_ops_model
-from pagedkv.accel.cuda.fused_modules import TritonRMSNorm, TritonSwiGLUMLP
+from pagedkv.accel.cuda.fused_modules import TritonMoeExperts, TritonRMSNorm, TritonSwiGLUMLP
+from pagedkv.accel.cuda.rotary_table import TableRotaryEmbedding
 from pagedkv.accel.cuda.triton_substitute import has_triton_substitutes
 from pagedkv.accel.static_decode import resolve_cuda_graphs
 from pagedkv.backend import triton_backend
@@ -27,9 +28,11 @@ from pagedkv.engine.runner_options import RunnerOptions
 from pagedkv.errors import InvalidRequest
 from pagedkv.model.layers import RMSNorm, SwiGLUMLP
 from pagedkv.model.loader import load_model
+from pagedkv.model.moe import Qwen3MoeExperts
 from pagedkv.model.qwen3 import Qwen3ForCausalLM
+from pagedkv.model.rope import RotaryEmbedding
 from pagedkv.store.paged_store import TorchPagedStore
-from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint
+from pagedkv.testing.tiny_qwen3 import PRESETS, build_tiny_checkpoint, preset_spec
 
 FUSED = RunnerOptions(fused_ops="triton")
 
@@ -56,15 +59,16 @@ def test_an_unknown_fused_ops_is_refused_naming_the_option() -> None:
 @pytest.mark.spec("ENG-220", "ENG-161")
 def test_triton_substitutes_every_norm_and_mlp_in_a_copy(model: Qwen3ForCausalLM) -> None:
     """A v0 runner's model holds a Triton substitute for each of the layers' four norms, their
-    MLP and the final norm, over the given model's own weights; the given model keeps its
-    reference modules, and a reference runner over it runs them. Kills a choice that ignores
-    the option, mutates the model given, or copies the weights."""
+    MLP and the final norm, and the rotary table (ENG-232), over the given model's own weights;
+    the given model keeps its reference modules, and a reference runner over it runs them.
+    Kills a choice that ignores the option, mutates the model given, or copies the weights."""
     runner = ModelRunner.recompute(model, FUSED)
     layers = model.config.num_hidden_layers
     modules = list(runner.model.modules())
     assert sum(isinstance(m, TritonRMSNorm) for m in modules) == 4 * layers + 1
     assert sum(isinstance(m, TritonSwiGLUMLP) for m in modules) == layers
-    assert not any(type(m) in (RMSNorm, SwiGLUMLP) for m in modules)
+    assert isinstance(runner.model.rotary, TableRotaryEmbedding)
+    assert not any(type(m) in (RMSNorm, SwiGLUMLP, RotaryEmbedding) for m in modules)
     assert not has_triton_substitutes(model)
     norm = runner.model.model.norm.weight
     assert norm.data_ptr() == model.model.norm.weight.data_ptr()
@@ -81,6 +85,36 @@ def test_triton_fused_ops_generate_the_reference_tokens(checkpoint: Path) -> Non
     assert has_triton_substitutes(fused.model)
     assert isinstance(fused._store, TorchPagedStore)
     assert generate(fused) == generate(paged_runner(checkpoint))
+
+
+@pytest.mark.spec("ENG-233")
+def test_triton_runs_every_moe_experts_activation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In an MoE model every expert block is substituted, every expert an engine step runs
+    has its activation launched as the SwiGLU kernel (counted by wrapping it), and the greedy
+    float32 tokens are the reference modules'. Kills a choice that leaves the experts to the
+    reference (0 launches) and an activation that swaps gate and up (tokens move)."""
+    checkpoint = build_tiny_checkpoint(preset_spec("moe-top2-norm"), tmp_path)
+    kernel = fused_modules.swiglu
+    widths: list[int] = []
+
+    def counted(gate_up: torch.Tensor) -> torch.Tensor:
+        widths.append(gate_up.shape[1])
+        return kernel(gate_up)
+
+    monkeypatch.setattr(fused_modules, "swiglu", counted)
+    fused = paged_runner(checkpoint, FUSED)
+    modules = list(fused.model.modules())
+    layers = fused.model.config.num_hidden_layers
+    assert sum(isinstance(m, TritonMoeExperts) for m in modules) == layers
+    assert not any(type(m) is Qwen3MoeExperts for m in modules)
+    tokens = generate(fused)
+    experts = fused.model.config.moe
+    assert experts is not None
+    assert len(widths) >= layers
+    assert set(widths) == {2 * experts.moe_intermediate_size}
+    assert tokens == generate(paged_runner(checkpoint))
 
 
 @pytest.mark.spec("ENG-220")

@@ -160,5 +160,11 @@ class SwiGLUMLP(nn.Module):
 
     def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` of the merged product ``gate_up`` ``[T, 2 * intermediate]``."""
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return swiglu(gate_up)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of a merged product ``[T, 2 * width]``, gate its first ``width``
+    columns: the activation of every SwiGLU MLP, dense or expert."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -18,6 +18,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from pagedkv.model.config import MoeConfig
+from pagedkv.model.layers import swiglu
 from pagedkv.model.tensor_parallel import Collectives, SingleRank
 
 
@@ -73,13 +74,17 @@ class Qwen3MoeExperts(nn.Module):
                 continue
             stop = start + count
             gate_up = F.linear(rows[start:stop], self.gate_up_proj[expert])
-            gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]
-            sorted_out[start:stop] = F.linear(F.silu(gate) * up, self.down_proj[expert])
+            sorted_out[start:stop] = F.linear(self.activation(gate_up), self.down_proj[expert])
             start = stop
         pair_out = torch.empty_like(sorted_out)
         pair_out[order] = sorted_out
         weighted = pair_out.view(tokens, top_k, -1) * weights[..., None]
         return weighted.sum(dim=1)
+
+    def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of one expert's merged product ``[count, 2 * intermediate]``
+        (its gate rows first, as ``gate_up_proj`` holds them)."""
+        return swiglu(gate_up)
 
 
 class Qwen3MoeSparseBlock(nn.Module):

@@ -2,7 +2,8 @@
 SwiGLU activations a runner launches as this room's Triton kernels.
 
 ``"reference"`` keeps the model given. ``"triton"`` gives a copy of its module tree (sharing
-its tensors) in which every RMSNorm and dense MLP is its Triton substitute
+its tensors) in which every RMSNorm, dense MLP and MoE expert block is its Triton substitute
+and the rotary embedding reads a table of the served context's positions
 (:mod:`pagedkv.accel.cuda.fused_modules`), the model given left as it is (another runner may
 hold it). Triton is imported here, and only here, when it is asked for: a process that never
 asks needs no triton.
@@ -11,6 +12,7 @@ asks needs no triton.
 from __future__ import annotations
 
 import importlib.util
+from functools import partial
 
 from pagedkv.accel.cpu.fused_norms import has_fused_norms
 from pagedkv.accel.cpu.fused_swiglu import has_fused_swiglu
@@ -69,4 +71,13 @@ def fused_ops_model(model: Qwen3ForCausalLM, options: RunnerOptions) -> Qwen3For
             f"{prefix} on a model on {device}: the kernels were defined for Triton's "
             "interpreter (TRITON_INTERPRET set), which runs them on the CPU only"
         )
-    return substituted_copy(model, substitute)
+    embeddings = model.model.embed_tokens.weight
+    return substituted_copy(
+        model,
+        partial(
+            substitute,
+            positions=model.config.max_positions,
+            dtype=embeddings.dtype,
+            device=embeddings.device,
+        ),
+    )
