@@ -24,6 +24,7 @@ from pagedkv.entrypoints.server.admission import (
     AdmissionLimits,
 )
 from pagedkv.entrypoints.server.reasoning import REASONING_PARSERS
+from pagedkv.entrypoints.server.startup_heap import freeze_startup_heap
 from pagedkv.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -304,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
         name = Path(model).resolve().name if Path(model).is_dir() else model
     try:
         app = create_app(engine, name, args.max_body_bytes, config=server_config)
+        # What start-up built lives as long as the server: no collection scans it (SRV-140).
+        freeze_startup_heap()
         log.info("listening on http://%s:%d/v1", options.host, options.port)
         Server(app, options).run(sockets=[listener])
     finally:
