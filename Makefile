@@ -56,7 +56,8 @@ certify: install
 
 # Faults under load against the real server (tests/chaos.py): prints requests sent, faults
 # injected, requests failed that should not have been and KV pages in use after (both must be
-# 0). `make test` runs a tenth of it.
+# 0), then the big-body stall of a stream on two models (tests/stall.py). `make test` runs a
+# tenth of it.
 CHAOS_ARGS ?=
 chaos: install
 	$(BIN)/python tests/chaos.py $(CHAOS_ARGS)

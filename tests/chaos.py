@@ -358,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stall-rounds", type=int, default=1, help="big-body stall measurements (SRV-117)"
     )
+    parser.add_argument(
+        "--stall-model",
+        action="append",
+        choices=("embedded", "qwen3-0.6b-shape"),
+        help="model served for the stall measurement, repeatable (default: both)",
+    )
     args = parser.parse_args(argv)
     engine = EngineConfig(
         page_size=4,
@@ -389,9 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine_report = run_engine_chaos(args.engine_requests, config.fault_rate, config.seed)
     print("\n".join(engine_report.lines()))
-    from stall import run_stall  # the embedded model's server, loaded only when measured
+    from stall import MODELS, run_stall  # the servers, loaded only when measured
 
-    stalls = run_stall(args.stall_rounds) if args.stall_rounds > 0 else []
+    stalls = [
+        report
+        for model in args.stall_model or MODELS
+        for report in (run_stall(args.stall_rounds, model=model) if args.stall_rounds > 0 else [])
+    ]
     for stall in stalls:
         print(stall.line())
     ok = report.ok and engine_report.ok and all(s.ok for s in stalls if s.bounded)

@@ -14,8 +14,11 @@ stream alone and the stream under the bodies, on the same server, one after the 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
+import json
 import random
+import shutil
 import sys
 import threading
 import time
@@ -23,6 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -31,6 +35,7 @@ from pagedkv.engine.config import EngineConfig
 from pagedkv.entrypoints.server.app import ServerConfig, create_app
 from pagedkv.entrypoints.server.async_engine import AsyncEngine
 from pagedkv.entrypoints.server.http import HTTPOptions, Server
+from pagedkv.entrypoints.server.startup_heap import freeze_startup_heap
 
 MODEL = "stall"
 #: Tokens the measured stream generates.
@@ -63,6 +68,7 @@ class StallReport:
         bodies_s: seconds from sending the first big body to the last one's answer.
         bounded: the server refused texts by their size (SRV-116); without it, every body is
             tokenized in full.
+        model: the served model (one of :data:`MODELS`).
     """
 
     alone_s: float
@@ -70,6 +76,7 @@ class StallReport:
     statuses: tuple[int, ...]
     bodies_s: float
     bounded: bool = True
+    model: str = "embedded"
 
     @property
     def ratio(self) -> float:
@@ -83,7 +90,8 @@ class StallReport:
     def line(self) -> str:
         under = "under" if self.ratio < 2 else "NOT under"
         return (
-            f"stall: a stream's largest gap between events {self.alone_s * 1000:.0f} ms alone, "
+            f"stall ({self.model}): a stream's largest gap between events "
+            f"{self.alone_s * 1000:.0f} ms alone, "
             f"{self.loaded_s * 1000:.0f} ms ({self.ratio:.2f}x, {under} 2x) while {BIG_BODIES} "
             f"/tokenize bodies of {BIG_CHARS:,} characters and a completion of {BIG_CHARS + 1:,} "
             "arrived "
@@ -134,8 +142,6 @@ def stream_gaps(
 
 def big_bodies() -> list[tuple[str, bytes]]:
     """``(path, JSON body)`` of the big requests, encoded once in advance."""
-    import json
-
     bodies = [
         ("/tokenize", json.dumps({"model": MODEL, "prompt": big_text(BIG_CHARS, seed)}).encode())
         for seed in range(BIG_BODIES)
@@ -146,7 +152,7 @@ def big_bodies() -> list[tuple[str, bytes]]:
     return bodies
 
 
-def measure(url: str, bounded: bool = True) -> StallReport:
+def measure(url: str, bounded: bool = True, model: str = "embedded") -> StallReport:
     """The stream alone, then the stream while the big bodies arrive (see the module);
     ``bounded``: whether the server refuses texts by their size (reported only).
 
@@ -178,48 +184,78 @@ def measure(url: str, bounded: bool = True) -> StallReport:
     finally:
         for client in clients:
             client.close()
-    return StallReport(alone, loaded, statuses, bodies_s, bounded)
+    return StallReport(alone, loaded, statuses, bodies_s, bounded, model)
+
+
+#: The served models the measurement knows: the embedded one, and one with Qwen3-0.6B's layers
+#: (random weights, bfloat16) whose vocabulary is the embedded tokenizer's, so that every token
+#: it generates has a text and each step sends an event.
+MODELS = ("embedded", "qwen3-0.6b-shape")
+
+
+def _model_dir(model: str) -> Path | None:
+    """The checkpoint of ``model`` (one of :data:`MODELS`); ``None``: the embedded model."""
+    if model == "embedded":
+        return None
+    from pagedkv.assets import default_model_dir
+    from pagedkv.bench.checkpoints import Qwen3Shape, qwen3_shaped_checkpoint
+
+    vocab = json.loads((default_model_dir() / "config.json").read_text())["vocab_size"]
+    cache = Path.home() / ".cache" / "pagedkv" / "bench"
+    path = qwen3_shaped_checkpoint(cache, Qwen3Shape(vocab=vocab)).path
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if not (path / name).is_file():
+            shutil.copy(default_model_dir() / name, path / name)
+    return path
 
 
 @contextmanager
-def serving_default_model() -> Iterator[tuple[str, AsyncEngine]]:
-    """The app over the embedded model (its real tokenizer), on a free loopback port, and its
-    bridge to the engine."""
+def serving(model: str = "embedded") -> Iterator[tuple[str, AsyncEngine]]:
+    """The app over ``model`` (see :data:`MODELS`; the embedded tokenizer in both), on a free
+    loopback port, and its bridge to the engine. Built as ``pagedkv serve`` builds it: the
+    start-up heap frozen once the app exists (SRV-140), given back to the collector after."""
+    dtype = "float32" if model == "embedded" else "bfloat16"
     engine = reference_backend().load_engine(
-        None, EngineConfig(num_pages=256, page_size=16, max_model_len=1024)
+        _model_dir(model),
+        EngineConfig(num_pages=256, page_size=16, max_model_len=1024),
+        dtype=dtype,
     )
     app = create_app(engine, MODEL, config=ServerConfig(log_stats_interval_s=None))
+    freeze_startup_heap()
     server = Server(app, HTTPOptions(port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
     try:
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
         yield f"http://127.0.0.1:{port}", app.state.server.engine
     finally:
         server.should_exit = True
         thread.join(30)
+        gc.unfreeze()
 
 
-def run_stall(rounds: int = 1, *, unbounded: bool = True) -> list[StallReport]:
+def run_stall(
+    rounds: int = 1, *, unbounded: bool = True, model: str = "embedded"
+) -> list[StallReport]:
     """``rounds`` measurements with the size bound, then with ``unbounded`` as many with it
     lifted (every body tokenized in full, to show the tokenization itself holds up no
-    stream)."""
+    stream), on ``model`` (see :data:`MODELS`)."""
     reports = []
-    with serving_default_model() as (url, bridge):
+    with serving(model) as (url, bridge):
         for _ in range(rounds):
-            reports.append(measure(url))
+            reports.append(measure(url, model=model))
         if not unbounded:
             return reports
         bound = bridge.text.max_text_bytes
         bridge.text.max_text_bytes = None
         try:
             for _ in range(rounds):
-                reports.append(measure(url, bounded=False))
+                reports.append(measure(url, bounded=False, model=model))
         finally:
             bridge.text.max_text_bytes = bound
     return reports
@@ -228,8 +264,9 @@ def run_stall(rounds: int = 1, *, unbounded: bool = True) -> list[StallReport]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=1, help="measurements of each kind")
+    parser.add_argument("--model", choices=MODELS, default="embedded", help="the served model")
     args = parser.parse_args(argv)
-    for report in run_stall(args.rounds):
+    for report in run_stall(args.rounds, model=args.model):
         print(report.line(), flush=True)
     return 0
 
