@@ -41,8 +41,27 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``, without special tokens added unless ``add_special_tokens``
-        (the tokenizer's BOS, where it has one)."""
-        return [int(t) for t in self._tok.encode(text, add_special_tokens=add_special_tokens)]
+        (the tokenizer's BOS, where it has one).
+
+        A fast tokenizer encodes through its Rust backend's batch call, which releases the
+        interpreter's lock while it works, into the ids transformers' ``encode`` gives: the
+        server encodes big texts beside the engine thread, which must not wait on the lock for
+        transformers' conversions (SRV-141)."""
+        backend = self._plain_backend()
+        if backend is None:
+            return [int(t) for t in self._tok.encode(text, add_special_tokens=add_special_tokens)]
+        ids: list[int] = backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return ids
+
+    def _plain_backend(self) -> Any:
+        """The fast tokenizer's backend when a call to it encodes as transformers' ``encode``
+        does: no truncation or padding set on it, and special tokens in a text split only where
+        the tokenizer says so (``split_special_tokens``); otherwise ``None``."""
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        if backend is None or backend.truncation is not None or backend.padding is not None:
+            return None
+        split = bool(getattr(self._tok, "split_special_tokens", False))
+        return backend if bool(backend.encode_special_tokens) == split else None
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``token_ids``, special tokens skipped unless ``skip_special_tokens`` is

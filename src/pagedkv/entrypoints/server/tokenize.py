@@ -41,7 +41,8 @@ async def tokenize(
         prompt = body.prompt
     tokens = await state.engine.tokenize(prompt)
     strs = await state.engine.detokenize(tokens, each=True) if body.return_token_strs else None
-    return TokenizeResponse(
+    # The tokenizer's own ints: not validated again, one by one (SRV-141).
+    return TokenizeResponse.model_construct(
         count=len(tokens),
         max_model_len=state.engine.max_model_len,
         tokens=tokens,
