@@ -80,6 +80,17 @@ def peers_table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _reruns(document: dict[str, Any]) -> list[str]:
+    """One paragraph per rerun merged into the document (``pagedkv.bench.merge``)."""
+    return [
+        f"\nThe figures of {', '.join(f'`{name}`' for name in rerun.get('workloads', []))} are "
+        f"from a run of those workloads alone on {rerun.get('date')}, in "
+        f"{rerun.get('runtime_s')} s (load average {rerun.get('load_average_start')} at start, "
+        f"{rerun.get('load_average_end')} at end)."
+        for rerun in document.get("reruns", [])
+    ]
+
+
 def results_markdown(document: dict[str, Any]) -> str:
     """The whole results.md: machine, targets, ratios, mixed-workload systems, notes."""
     machine = document.get("machine", {})
@@ -91,8 +102,9 @@ def results_markdown(document: dict[str, Any]) -> str:
         f"{document.get('date')}, in {document.get('runtime_s')} s. Every figure is a ratio "
         "measured in this run against the alternative on the same machine, checkpoint and "
         "workload.",
+        *_reruns(document),
         "",
-        f"- CPU: {machine.get('cpu_model')}, {machine.get('cores')} cores usable "
+        f"- CPU: {machine.get('cpu_model')}', {machine.get('cores')} cores usable "
         f"({machine.get('physical_cores')} physical), {machine.get('torch_threads')} torch "
         f"thread(s), flags {', '.join(machine.get('cpu_flags') or []) or 'n/a'}, "
         f"OMP_WAIT_POLICY {machine.get('omp_wait_policy') or 'unset (the runtime default)'}",
