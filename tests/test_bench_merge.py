@@ -22,7 +22,12 @@ def _document(date: str, workloads: dict[str, dict[str, float]]) -> dict[str, An
         "mode": "full",
         "date": date,
         "runtime_s": 10.0,
-        "machine": {"load_average_start": [0.1, 0.2, 0.3], "load_average_end": [2.0, 1.0, 0.5]},
+        "machine": {
+            "cpu_model": "Xeon",
+            "cores": 2,
+            "load_average_start": [0.1, 0.2, 0.3],
+            "load_average_end": [2.0, 1.0, 0.5],
+        },
         "settings": {},
         "ratios": ratios,
         "ratio_descriptions": {k: f"{k} of {date}" for k in ratios},
@@ -79,6 +84,7 @@ def test_each_rerun_is_recorded_and_named_in_results_md() -> None:
     ]
     assert twice["reruns"][0]["load_average_end"] == [2.0, 1.0, 0.5]
     text = results_markdown(twice)
+    assert "- CPU: Xeon, 2 cores usable" in text  # the run's own machine, as before
     assert "The figures of `mixed` are from a run of those workloads alone on 2026-12-02" in text
     assert "The figures of `decode` are from a run of those workloads alone on 2026-12-03" in text
 

@@ -104,7 +104,7 @@ def results_markdown(document: dict[str, Any]) -> str:
         "workload.",
         *_reruns(document),
         "",
-        f"- CPU: {machine.get('cpu_model')}', {machine.get('cores')} cores usable "
+        f"- CPU: {machine.get('cpu_model')}, {machine.get('cores')} cores usable "
         f"({machine.get('physical_cores')} physical), {machine.get('torch_threads')} torch "
         f"thread(s), flags {', '.join(machine.get('cpu_flags') or []) or 'n/a'}, "
         f"OMP_WAIT_POLICY {machine.get('omp_wait_policy') or 'unset (the runtime default)'}",
