@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import httpx
 from engine_chaos import run_engine_chaos
+from stall import MODELS, run_stall
 
 from pagedkv.backend import reference_backend
 from pagedkv.engine.config import EngineConfig
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stall-model",
         action="append",
-        choices=("embedded", "qwen3-0.6b-shape"),
+        choices=MODELS,
         help="model served for the stall measurement, repeatable (default: both)",
     )
     args = parser.parse_args(argv)
@@ -395,13 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine_report = run_engine_chaos(args.engine_requests, config.fault_rate, config.seed)
     print("\n".join(engine_report.lines()))
-    from stall import MODELS, run_stall  # the servers, loaded only when measured
-
-    stalls = [
-        report
-        for model in args.stall_model or MODELS
-        for report in (run_stall(args.stall_rounds, model=model) if args.stall_rounds > 0 else [])
-    ]
+    models = (args.stall_model or MODELS) if args.stall_rounds > 0 else ()
+    stalls = [report for model in models for report in run_stall(args.stall_rounds, model=model)]
     for stall in stalls:
         print(stall.line())
     ok = report.ok and engine_report.ok and all(s.ok for s in stalls if s.bounded)

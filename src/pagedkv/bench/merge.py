@@ -20,9 +20,9 @@ from pagedkv.bench.report import results_markdown
 from pagedkv.bench.results import read_json, write_json
 
 
-def _of(names: set[str], key: str) -> bool:
-    """Whether the ratio ``key`` (``<workload>.<name>``) belongs to one of ``names``."""
-    return key.split(".", 1)[0] in names
+def _workload(ratio: str) -> str:
+    """The workload a ratio key (``<workload>.<name>``) belongs to."""
+    return ratio.split(".", 1)[0]
 
 
 def _targets(
@@ -32,10 +32,10 @@ def _targets(
     tables keep their order), the rerun's targets of a workload ``base`` had none of last."""
     by_workload: dict[str, list[dict[str, Any]]] = {}
     for target in rerun:
-        by_workload.setdefault(target["ratio"].split(".", 1)[0], []).append(target)
+        by_workload.setdefault(_workload(target["ratio"]), []).append(target)
     merged: list[dict[str, Any]] = []
     for target in base:
-        workload = target["ratio"].split(".", 1)[0]
+        workload = _workload(target["ratio"])
         if workload not in names:
             merged.append(target)
         else:
@@ -66,7 +66,7 @@ def merge_rerun(base: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
         for name, workload in base["workloads"].items()
     }
     for field in ("ratios", "ratio_descriptions"):
-        kept = {k: v for k, v in base[field].items() if not _of(names, k)}
+        kept = {k: v for k, v in base[field].items() if _workload(k) not in names}
         merged[field] = kept | dict(rerun[field])
     merged["targets"] = _targets(base["targets"], rerun["targets"], names)
     machine = rerun.get("machine", {})
