@@ -282,7 +282,7 @@ def check_add_special_tokens(s: Served, e: str) -> None:
     check), ``add_special_tokens: true`` adds it to the prompt; false, the default, does not."""
     from tokenizers.processors import TemplateProcessing
 
-    tokenizer = s.bridge._engine.tokenizer
+    tokenizer = s.bridge._engine_loop.engine.tokenizer
     assert tokenizer is not None
     backend = tokenizer.hf.backend_tokenizer
     saved = backend.post_processor

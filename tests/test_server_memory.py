@@ -271,8 +271,7 @@ def test_the_engine_thread_keeps_nothing_of_ended_requests() -> None:
         stats = wait_idle(bridge)
         assert stats.running == 0
         assert stats.waiting == 0
-        _until(lambda: not bridge._routes)
-        assert len(bridge._deadlines) == 0
+        _until(bridge._engine_loop.holds_nothing)
     finally:
         bridge.shutdown()
 

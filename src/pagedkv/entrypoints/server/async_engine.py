@@ -1,27 +1,17 @@
 """An asyncio front for a synchronous :class:`~pagedkv.interfaces.Engine`.
 
-One background thread owns the engine: it alone adds, steps and aborts, so the engine needs
-no locks. Text is tokenized, rendered and decoded apart from it, on the text worker
-(:mod:`pagedkv.entrypoints.server.text_worker`, SRV-115): the engine thread receives token ids
-and sends ids back, so no request body, however big, holds up the steps of the others.
+One background thread owns the engine (:class:`~pagedkv.entrypoints.server.engine_loop.EngineLoop`):
+it alone adds, steps and aborts. Text is tokenized, rendered and decoded apart from it, on the
+text worker (:mod:`pagedkv.entrypoints.server.text_worker`, SRV-115): the engine thread receives
+token ids and sends ids back, so no request body, however big, holds up the steps of the others.
 
-Request handlers submit work through a thread-safe command queue and receive each request's
-outputs on their own ``asyncio.Queue``, filled from the engine thread with
-``loop.call_soon_threadsafe``. The thread steps while any request is unfinished and sleeps on
-the command queue otherwise; once it has slept :data:`IDLE_RELEASE_S` after serving, it gives
-the memory its steps freed back to the system (SRV-137), and it keeps nothing of a request
-that ended (SRV-138).
+Request handlers submit work through the loop's thread-safe command queue and receive each
+request's outputs on their own ``asyncio.Queue``, filled from the engine thread with
+``loop.call_soon_threadsafe``.
 
 Admission (see :mod:`pagedkv.entrypoints.server.policy`) happens at both ends: the prompt
 count is checked when a request is submitted, the queue depth on the engine thread when it is
-added (where the engine's count of waiting requests is exact), and deadlines between steps.
-
-Failures stay with the request they belong to (SRV-023, SRV-024): a request the engine finishes
-with reason ``error``, or whose output the server fails to serve, fails alone, and the rest of
-its submission is aborted; a step that raises is tried again, and only a run of them ends what
-is in flight. An engine whose runner can run nothing more (``RunnerFailed``: a tensor-parallel
-worker died, TP-022) ends what is in flight at once and stops the thread: later submissions and
-``/health`` are answered 503.
+added, and deadlines between steps.
 """
 
 from __future__ import annotations
@@ -31,17 +21,26 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
 
 from pagedkv.engine.outputs import EngineStats, RequestOutput
 from pagedkv.engine.params import SamplingParams
-from pagedkv.entrypoints.server.deadlines import Deadlines
+from pagedkv.entrypoints.server.engine_loop import (
+    IDLE_RELEASE_S,
+    Abort,
+    Call,
+    EngineFailure,
+    EngineLoop,
+    EngineUnavailable,
+    RequestFailed,
+    Stop,
+    StreamItem,
+    Submit,
+)
 from pagedkv.entrypoints.server.policy import Refused, ServerPolicy
 from pagedkv.entrypoints.server.text_worker import (
     ChatPrompt,
@@ -49,58 +48,27 @@ from pagedkv.entrypoints.server.text_worker import (
     TextWorker,
     logprob_token_ids,
 )
-from pagedkv.errors import InvalidRequest, PagedKVError, RunnerFailed
+from pagedkv.errors import InvalidRequest
 from pagedkv.interfaces import Engine
 
 T = TypeVar("T")
 
-#: Seconds the engine thread waits for a command when a step scheduled nothing.
-IDLE_POLL_S = 0.005
 #: Seconds ``shutdown`` waits for the engine thread to end.
 SHUTDOWN_TIMEOUT_S = 10.0
-#: Seconds the engine stays idle (no request unfinished, no command) after serving before the
-#: server gives the memory its steps freed back to the system (SRV-137): long enough that a
-#: client sending one request after another, or the gaps of a bursty load, do not pay for a
-#: release and for faulting the pages in again at every request; short enough that an idle
-#: server's size is its live memory within seconds.
-IDLE_RELEASE_S = 1.0
-#: Steps in a row that may raise before every request in flight is ended (SRV-023).
-MAX_STEP_ERRORS = 3
 
 logger = logging.getLogger("pagedkv.server")
 
-
-class EngineUnavailable(PagedKVError):
-    """The engine thread is not running (not started, stopped, or stopping)."""
-
-
-class EngineFailure(PagedKVError):
-    """:data:`MAX_STEP_ERRORS` steps in a row raised, or the engine ended (its runner can run
-    nothing more, TP-022); every request in flight at that moment was ended with this error."""
-
-
-class RequestFailed(PagedKVError):
-    """This request failed alone: the engine finished it with reason ``error`` (ENG-070..072),
-    or serving its output failed. The rest of its submission was aborted."""
-
-
-__all__ = ["AsyncEngine", "ChatPrompt", "GenerationStream", "PromptInput", "StreamItem"]
-
-
-@dataclass(frozen=True, slots=True)
-class StreamItem:
-    """One step's output of one prompt of a submission.
-
-    Attributes:
-        index: position of the prompt in the submission.
-        output: the engine's output for that step.
-        token_texts: text of every token id in this step's new logprobs entries (chosen and
-            top tokens), when the submission asked for them; else empty.
-    """
-
-    index: int
-    output: RequestOutput
-    token_texts: Mapping[int, str]
+__all__ = [
+    "IDLE_RELEASE_S",
+    "AsyncEngine",
+    "ChatPrompt",
+    "EngineFailure",
+    "EngineUnavailable",
+    "GenerationStream",
+    "PromptInput",
+    "RequestFailed",
+    "StreamItem",
+]
 
 
 class _Sink:
@@ -116,46 +84,6 @@ class _Sink:
         # a closed loop raises RuntimeError: nobody is listening any more
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._items.put_nowait, item)
-
-
-@dataclass(frozen=True, slots=True)
-class _Submit:
-    request_ids: tuple[str, ...]
-    prompts: tuple[tuple[int, ...], ...]  # token ids: tokenized by the text worker
-    params: SamplingParams
-    fill_context: bool
-    token_texts: bool
-    cache_salt: str | None
-    deadline: float | None  # time.monotonic() seconds
-    sink: _Sink
-    accepted: concurrent.futures.Future[None]
-    priority: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Abort:
-    request_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """Run ``function`` on the engine thread and keep its result."""
-
-    function: Callable[[], Any]
-    result: concurrent.futures.Future[Any]
-
-
-class _Stop:
-    pass
-
-
-_Command = _Submit | _Abort | _Call | _Stop
-
-
-@dataclass(slots=True)
-class _Route:
-    sink: _Sink
-    index: int
 
 
 class GenerationStream:
@@ -255,26 +183,14 @@ class AsyncEngine:
         Raises:
             InvalidRequest: ``release_after_s`` below 0 or not finite.
         """
-        if not 0.0 <= release_after_s < float("inf"):
-            raise InvalidRequest(
-                f"release_after_s must be a finite number of seconds >= 0, not {release_after_s}"
-            )
-        self._engine = engine
-        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
-        self._routes: dict[str, _Route] = {}
+        self._engine_loop = EngineLoop(
+            engine,
+            policy,
+            observer=observer,
+            release_memory=release_memory,
+            release_after_s=release_after_s,
+        )
         self._thread: threading.Thread | None = None
-        self._stats = engine.stats()
-        self._observer = observer
-        self._admitting = threading.Event()
-        self._admitting.set()
-        self._deadlines = Deadlines()
-        self._step_errors = 0
-        self._release_memory = release_memory
-        self._release_after_s = release_after_s
-        #: Whether the engine ran a step or a command since memory was last released.
-        self._release_due = False
-        self._commands_run = 0
-        self._releases = 0
         #: Tokenizes, renders and decodes apart from the engine thread (SRV-115).
         self.text = TextWorker(engine.tokenizer, engine.max_model_len)
         self.policy = policy
@@ -286,28 +202,30 @@ class AsyncEngine:
     def start(self) -> None:
         if self._thread is not None:
             raise EngineUnavailable("the engine thread was already started")
-        self._thread = threading.Thread(target=self._run, name="pagedkv-engine", daemon=True)
+        self._thread = threading.Thread(
+            target=self._engine_loop.run, name="pagedkv-engine", daemon=True
+        )
         self._thread.start()
 
     def stop_admitting(self) -> None:
         """Refuse every later submission (``EngineUnavailable``, answered 503) while the
         requests already accepted go on: the first step of a graceful shutdown."""
-        self._admitting.clear()
+        self._engine_loop.admitting.clear()
 
     @property
     def is_admitting(self) -> bool:
         """Whether the engine runs and new submissions are accepted."""
-        return self.is_running and self._admitting.is_set()
+        return self.is_running and self._engine_loop.admitting.is_set()
 
     def shutdown(self) -> None:
         """Abort every request in flight and stop the engine thread."""
-        self._admitting.clear()
+        self._engine_loop.admitting.clear()
         thread = self._thread
         if thread is not None and thread.is_alive():
-            self._commands.put(_Stop())
+            self._engine_loop.put(Stop())
             thread.join(SHUTDOWN_TIMEOUT_S)
         if thread is not None and not thread.is_alive():
-            self._fail_pending()  # submitted while the thread was stopping
+            self._engine_loop.fail_pending()  # submitted while the thread was stopping
         self.text.close()
 
     @property
@@ -316,13 +234,13 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         """The engine's counters as of the end of its latest step or command."""
-        return self._stats
+        return self._engine_loop.stats()
 
     @property
     def memory_releases(self) -> int:
         """How many times the engine thread, idle, ran its release (SRV-137) and the release
         returned (whether or not it found memory to give back)."""
-        return self._releases
+        return self._engine_loop.releases
 
     # -- requests (event-loop side) ---------------------------------------------------------
 
@@ -366,7 +284,7 @@ class AsyncEngine:
         """
         if not self.is_running:
             raise EngineUnavailable("the engine is not running")
-        if not self._admitting.is_set():
+        if not self._engine_loop.admitting.is_set():
             raise EngineUnavailable("the server is shutting down")
         if not prompts:
             raise InvalidRequest("the prompt is empty")
@@ -382,7 +300,7 @@ class AsyncEngine:
         request_ids = tuple(f"{base}-{i}" for i in range(len(prompts)))
         accepted: concurrent.futures.Future[None] = concurrent.futures.Future()
         sink = _Sink(asyncio.get_running_loop(), items)
-        command = _Submit(
+        command = Submit(
             request_ids,
             token_ids,
             params,
@@ -394,7 +312,7 @@ class AsyncEngine:
             accepted,
             priority,
         )
-        self._commands.put(command)
+        self._engine_loop.put(command)
         stream = GenerationStream(self, request_ids, items, token_texts=token_texts)
         try:
             await asyncio.wrap_future(accepted)
@@ -406,7 +324,7 @@ class AsyncEngine:
     def abort(self, request_ids: Sequence[str]) -> None:
         """Ask the engine thread to abort these requests; unknown or finished ids are
         ignored. Returns at once."""
-        self._commands.put(_Abort(tuple(request_ids)))
+        self._engine_loop.put(Abort(tuple(request_ids)))
 
     async def run_on_engine(self, function: Callable[[], T]) -> T:
         """``function()`` run on the engine thread, between two steps.
@@ -418,7 +336,7 @@ class AsyncEngine:
         if not self.is_running:
             raise EngineUnavailable("the engine is not running")
         result: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._commands.put(_Call(function, result))
+        self._engine_loop.put(Call(function, result))
         return await asyncio.wrap_future(result)
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:
@@ -445,225 +363,3 @@ class AsyncEngine:
         if not self.is_running:
             raise EngineUnavailable("the engine is not running")
         return await self.text.detokenize(token_ids, each=each)
-
-    # -- the engine thread ------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self._serve()
-        except BaseException as exc:  # a bug: fail what is in flight rather than hang it
-            with contextlib.suppress(Exception):
-                self._end_all(EngineFailure(f"the engine thread failed: {exc!r}"))
-            raise
-
-    def _serve(self) -> None:
-        idle_timeout: float | None = None
-        while True:
-            busy = self._engine.has_unfinished_requests()
-            release = not busy and self._release_due and self._release_memory is not None
-            commands = self._commands_run
-            timeout = idle_timeout if busy else self._release_after_s if release else None
-            if not self._drain(timeout):
-                return
-            if release and self._commands_run == commands:  # idle all along
-                self._release()
-                continue
-            idle_timeout = 0.0
-            self._expire_deadlines()
-            self._stats = self._engine.stats()
-            if self._engine.has_unfinished_requests():
-                steps = self._stats.steps
-                self._release_due = True
-                if not self._step():
-                    return
-                if self._stats.steps == steps:  # nothing could be scheduled: do not spin
-                    idle_timeout = IDLE_POLL_S
-
-    def _drain(self, timeout: float | None) -> bool:
-        """Run queued commands, waiting up to ``timeout`` seconds (forever for ``None``) for
-        the first. Returns ``False`` once a stop command ran."""
-        try:
-            command = self._commands.get(timeout=timeout) if timeout != 0.0 else None
-        except queue.Empty:
-            command = None
-        while True:
-            if command is None:
-                try:
-                    command = self._commands.get_nowait()
-                except queue.Empty:
-                    return True
-            self._commands_run += 1
-            self._release_due = True
-            if isinstance(command, _Stop):
-                self._end_all(EngineUnavailable("the server is shutting down"))
-                self._fail_pending()
-                self._stats = self._engine.stats()
-                return False
-            if isinstance(command, _Submit):
-                self._add(command)
-            elif isinstance(command, _Call):
-                self._call(command)
-            else:
-                self._abort(command.request_ids)
-            command = None
-
-    def _release(self) -> None:
-        """Give the memory steps freed back (SRV-137); a failure is logged, never raised."""
-        self._release_due = False
-        if self._release_memory is None:
-            return
-        started = time.perf_counter()
-        try:
-            self._release_memory()
-        except Exception as exc:  # the server serves on with the memory it holds
-            logger.warning("releasing freed memory failed: %r", exc)
-            return
-        self._releases += 1
-        logger.debug("released freed memory in %.1f ms", (time.perf_counter() - started) * 1e3)
-
-    def _add(self, command: _Submit) -> None:
-        if not command.accepted.set_running_or_notify_cancel():
-            return  # the handler went away before its request was queued
-        added: list[str] = []
-        try:
-            admitted = self.policy.admit_queue(self._engine.stats().waiting, len(command.prompts))
-            if isinstance(admitted, Refused):
-                raise admitted.reason
-            for index, (request_id, prompt) in enumerate(
-                zip(command.request_ids, command.prompts, strict=True)
-            ):
-                token_ids = list(prompt)
-                params = command.params
-                if command.fill_context:
-                    left = max(1, self._engine.max_model_len - len(token_ids))
-                    params = dataclasses.replace(params, max_tokens=left)
-                if command.priority:  # engines without priority scheduling take none
-                    self._engine.add_request(
-                        token_ids,
-                        params,
-                        request_id=request_id,
-                        cache_salt=command.cache_salt,
-                        priority=command.priority,
-                    )
-                else:
-                    self._engine.add_request(
-                        token_ids, params, request_id=request_id, cache_salt=command.cache_salt
-                    )
-                added.append(request_id)
-                self._routes[request_id] = _Route(command.sink, index)
-        except Exception as exc:  # typed engine errors, or a tokenizer's own
-            self._abort(added)
-            command.accepted.set_exception(exc)
-            return
-        if command.deadline is not None:
-            self._deadlines.add(command.deadline, command.request_ids)
-        command.accepted.set_result(None)
-
-    def _fail_pending(self) -> None:
-        """Refuse the commands still queued once the thread has stopped serving."""
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            future: concurrent.futures.Future[Any] | None = None
-            if isinstance(command, _Submit):
-                future = command.accepted
-            elif isinstance(command, _Call):
-                future = command.result
-            if future is not None and future.set_running_or_notify_cancel():
-                future.set_exception(EngineUnavailable("the server is shutting down"))
-
-    def _call(self, command: _Call) -> None:
-        if not command.result.set_running_or_notify_cancel():
-            return
-        try:
-            command.result.set_result(command.function())
-        except Exception as exc:  # handed to the caller
-            command.result.set_exception(exc)
-
-    def _expire_deadlines(self) -> None:
-        """End every routed request whose deadline has passed with ``DeadlineExceeded``."""
-        for request_id in self._deadlines.due(time.monotonic()):
-            route = self._routes.get(request_id)
-            if route is not None:
-                route.sink.put(self.policy.expired())
-                self._abort([request_id])
-
-    def _abort(self, request_ids: Sequence[str]) -> None:
-        for request_id in request_ids:
-            self._unroute(request_id)
-            output = self._engine.abort(request_id)
-            if output is not None:
-                self._observe(output)
-
-    def _step(self) -> bool:
-        """Run one step and route its outputs; ``False`` when the engine has ended."""
-        try:
-            outputs = self._engine.step()
-        except RunnerFailed as exc:  # nothing can run any more: end everything, stop
-            logger.error("the engine ended: %s", exc)
-            self._admitting.clear()
-            self._end_all(EngineFailure(f"the engine ended: {exc}"))
-            self._fail_pending()
-            with contextlib.suppress(Exception):
-                self._stats = self._engine.stats()
-            return False
-        except Exception as exc:  # an engine that does not isolate its failures, or a bug
-            self._step_raised(exc)
-            return True
-        self._step_errors = 0
-        self._stats = self._engine.stats()  # published before any output reaches a handler
-        for output in outputs:
-            self._observe(output)
-            self._route(output)
-        return True
-
-    def _route(self, output: RequestOutput) -> None:
-        """Hand ``output`` to its handler; a failed request, or one whose output cannot be
-        served, fails alone (SRV-024)."""
-        route = self._routes.get(output.request_id)
-        if route is None:
-            return
-        if output.error is not None:  # one completion failed, and with it the request
-            self._fail(output.request_id, route, output.error)
-            return
-        route.sink.put(StreamItem(route.index, output, {}))  # texts: see GenerationStream
-        if output.finished:
-            self._unroute(output.request_id)
-
-    def _unroute(self, request_id: str) -> None:
-        """Forget everything the thread keeps for ``request_id``: it ended (SRV-138)."""
-        self._routes.pop(request_id, None)
-        self._deadlines.forget(request_id)
-
-    def _fail(self, request_id: str, route: _Route, error: str) -> None:
-        """End one request with :class:`RequestFailed`, aborting it if it still runs."""
-        logger.warning("request %s failed: %s", request_id, error)
-        route.sink.put(RequestFailed(f"the request failed: {error}"))
-        self._abort([request_id])
-
-    def _step_raised(self, exc: Exception) -> None:
-        """A step raised: step again, unless :data:`MAX_STEP_ERRORS` did in a row; then end
-        what is in flight, which the engine cannot tell apart (SRV-023)."""
-        self._step_errors += 1
-        logger.warning("engine step failed (%d in a row): %r", self._step_errors, exc)
-        if self._step_errors >= MAX_STEP_ERRORS:
-            self._step_errors = 0
-            message = f"{MAX_STEP_ERRORS} engine steps in a row failed, the last: {exc!r}"
-            self._end_all(EngineFailure(message))
-        with contextlib.suppress(Exception):
-            self._stats = self._engine.stats()
-
-    def _observe(self, output: RequestOutput) -> None:
-        if self._observer is not None:
-            self._observer(output)
-
-    def _end_all(self, error: PagedKVError) -> None:
-        routes = list(self._routes.items())
-        for request_id, route in routes:
-            route.sink.put(error)
-            try:
-                self._abort([request_id])
-            except Exception:  # the engine may be inconsistent after a failed step
-                self._unroute(request_id)
