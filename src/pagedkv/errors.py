@@ -6,9 +6,30 @@ A call that raises has changed nothing (see KVM-001): callers may catch and retr
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PagedKVError(Exception):
-    """Base class of every error pagedkv raises on purpose."""
+    """Base class of every error pagedkv raises on purpose.
+
+    Every one crosses a process boundary whole (SRV-142): pickled, it comes back as the same
+    class with the same message and attributes, whatever its ``__init__`` takes (an
+    exception's default pickling calls ``__init__`` with its message alone, which fails for
+    those that take other arguments).
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _restore_error, (type(self), self.args, dict(self.__dict__))
+
+
+def _restore_error(
+    cls: type[PagedKVError], args: tuple[object, ...], state: dict[str, object]
+) -> PagedKVError:
+    """``cls`` with ``args`` and ``state``, built without calling its ``__init__``."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class InvalidRequest(PagedKVError, ValueError):
@@ -107,6 +128,3 @@ class WorkerFailed(RunnerFailed):
         super().__init__(message)
         self.rank = rank
         self.exitcode = exitcode
-
-    def __reduce__(self) -> tuple[type[WorkerFailed], tuple[str, int | None, int | None]]:
-        return type(self), (str(self), self.rank, self.exitcode)

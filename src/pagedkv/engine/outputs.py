@@ -85,6 +85,10 @@ class Logprob:
     def _values(self) -> tuple[float, int | None, str | None]:
         return (self.logprob, self.rank, self.decoded_token)
 
+    def __reduce__(self) -> tuple[type[Logprob], tuple[float, int | None, str | None]]:
+        # pickled with its text decoded: the decode function belongs to this process (SRV-142)
+        return type(self), self._values()
+
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Logprob is immutable: cannot set {name!r}")
 
