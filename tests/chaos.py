@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import httpx
 from engine_chaos import run_engine_chaos
-from stall import MODELS, run_stall
+from stall import MODELS, run_stall, summary
 
 from pagedkv.backend import reference_backend
 from pagedkv.engine.config import EngineConfig
@@ -357,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--engine-requests", type=int, default=600)
     parser.add_argument(
-        "--stall-rounds", type=int, default=1, help="big-body stall measurements (SRV-117)"
+        "--stall-rounds",
+        type=int,
+        default=3,
+        help="big-body stall measurements of each kind and model (SRV-117)",
     )
     parser.add_argument(
         "--stall-model",
@@ -398,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(engine_report.lines()))
     models = (args.stall_model or MODELS) if args.stall_rounds > 0 else ()
     stalls = [report for model in models for report in run_stall(args.stall_rounds, model=model)]
-    for stall in stalls:
-        print(stall.line())
+    for line in [stall.line() for stall in stalls] + summary(stalls):
+        print(line)
     ok = report.ok and engine_report.ok and all(s.ok for s in stalls if s.bounded)
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
