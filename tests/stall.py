@@ -285,7 +285,7 @@ def summary(reports: list[StallReport]) -> list[str]:
             what = "refused by size" if bounded else "tokenized in full"
             lines.append(
                 f"stall ({model}, {what}): median {statistics.median(r.ratio for r in kind):.2f}x "
-                f"over {len(kind)} rounds, under 2x in {under}"
+                f"over {len(kind)} round{'s' if len(kind) != 1 else ''}, under 2x in {under}"
             )
     return lines
 
