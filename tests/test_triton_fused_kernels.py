@@ -10,6 +10,7 @@ rounds it, so bfloat16 is held here only within a bfloat16 rounding or two: the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -140,19 +141,30 @@ def test_kernels_take_steps_without_rows() -> None:
     assert swiglu_kernel.swiglu(torch.empty(0, 16)).shape == (0, 8)
 
 
-#: Inputs of the mutants' checks, unlike those of every other check in the process. A mutant
-#: that leaves part of its output unwritten returns what its fresh tensor's memory held; the
-#: allocator hands back the block an earlier check of the same inputs freed, which held the
-#: right values, and the mutant passed (once, in a full run).
+#: First seed of the mutants' checks: each mutant's check has inputs of its own, unlike those
+#: of every other check in the process. A mutant that leaves part of its output unwritten
+#: returns what its fresh tensor's memory held, and the allocator hands back the block an
+#: earlier check of the same inputs freed, which held the right values: ``sum_not_written``
+#: passed twice in full runs, once after an unmutated check of the same inputs, once after
+#: ``norm_before_the_add`` (which writes the sum) when all the mutants shared one seed.
 MUTANT_SEED = 1_000_003
 
-CHECKS = {
-    **{m.name: (m, lambda k: check_norm(k, 24, torch.float32, MUTANT_SEED)) for m in NORM_MUTANTS},
-    **{m.name: (m, lambda k: check_rope(k, 24, torch.float32, MUTANT_SEED)) for m in ROPE_MUTANTS},
-    **{
-        m.name: (m, lambda k: check_swiglu(k, 20, torch.float32, MUTANT_SEED))
-        for m in SWIGLU_MUTANTS
-    },
+_MUTANT_CHECKS = (
+    *((m, check_norm, 24) for m in NORM_MUTANTS),
+    *((m, check_rope, 24) for m in ROPE_MUTANTS),
+    *((m, check_swiglu, 20) for m in SWIGLU_MUTANTS),
+)
+
+
+def _float32_check(
+    check: Callable[[ModuleType, int, torch.dtype, int], None], size: int, seed: int
+) -> Callable[[ModuleType], None]:
+    return lambda kernels: check(kernels, size, torch.float32, seed)
+
+
+CHECKS: dict[str, tuple[KernelMutant, Callable[[ModuleType], None]]] = {
+    m.name: (m, _float32_check(check, size, MUTANT_SEED + i))
+    for i, (m, check, size) in enumerate(_MUTANT_CHECKS)
 }
 
 
