@@ -170,15 +170,9 @@ class AsyncEngine:
         release_memory: Callable[[], object] | None = None,
         release_after_s: float = IDLE_RELEASE_S,
     ) -> None:
-        """Args:
-        engine: a freshly built engine with no requests.
-        policy: what the server admits (prompts per request, queue depth, deadlines).
-        observer: called on the engine thread with every output (metrics); must not raise.
-        release_memory: called on the engine thread once it has been idle for
-            ``release_after_s`` seconds after serving, once per idle spell (SRV-137): the
-            server passes :func:`~pagedkv.accel.cpu.host_memory.release_freed_memory`.
-            ``None``: nothing is released. What it raises is logged, never raised.
-        release_after_s: seconds of idleness before ``release_memory`` runs; at least 0.
+        """Args: as :class:`~pagedkv.entrypoints.server.engine_loop.EngineLoop`'s, which runs
+        ``engine`` on this object's thread; ``policy`` also bounds the prompts of one
+        submission, checked here.
 
         Raises:
             InvalidRequest: ``release_after_s`` below 0 or not finite.
